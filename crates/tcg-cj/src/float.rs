@@ -1,0 +1,87 @@
+//! Python `repr(float)` for finite binary64 values (SPEC-v1 §2.3).
+
+/// Format a finite float exactly as Python's `repr`.
+///
+/// Rust's `{:e}` yields the shortest digit string that round-trips, choosing
+/// the nearest when several do; that is the digit string Python's repr uses.
+/// Only the layout differs, so the digits and exponent are re-laid here.
+pub(crate) fn python_repr(x: f64) -> String {
+    debug_assert!(x.is_finite());
+    let sci = format!("{x:e}");
+    let (negative, body) = match sci.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, sci.as_str()),
+    };
+    let (mantissa, exp) = body.split_once('e').expect("LowerExp always writes an exponent");
+    let exp: i32 = exp.parse().expect("LowerExp writes a decimal exponent");
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let n = digits.len() as i32;
+    let mut out = String::with_capacity(digits.len() + 8);
+    if negative {
+        out.push('-');
+    }
+    if (-4..16).contains(&exp) {
+        if exp >= 0 {
+            let int_len = exp + 1;
+            if n <= int_len {
+                out.push_str(&digits);
+                out.extend(std::iter::repeat_n('0', (int_len - n) as usize));
+                out.push_str(".0");
+            } else {
+                out.push_str(&digits[..int_len as usize]);
+                out.push('.');
+                out.push_str(&digits[int_len as usize..]);
+            }
+        } else {
+            out.push_str("0.");
+            out.extend(std::iter::repeat_n('0', (-exp - 1) as usize));
+            out.push_str(&digits);
+        }
+    } else {
+        out.push_str(&digits[..1]);
+        if n > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        out.push('e');
+        out.push(if exp < 0 { '-' } else { '+' });
+        let magnitude = exp.unsigned_abs();
+        if magnitude < 10 {
+            out.push('0');
+        }
+        out.push_str(&magnitude.to_string());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::python_repr;
+
+    #[test]
+    fn float_table_of_the_spec() {
+        let table: &[(f64, &str)] = &[
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (0.1, "0.1"),
+            (1e-4, "0.0001"),
+            (1e-5, "1e-05"),
+            (1e15, "1000000000000000.0"),
+            (1e16, "1e+16"),
+            (9007199254740993.0, "9007199254740992.0"),
+            (1e22, "1e+22"),
+            (9.223372036854776e18, "9.223372036854776e+18"),
+            (1.5, "1.5"),
+            (100.0, "100.0"),
+            (1.2345e16, "1.2345e+16"),
+            (1.5e300, "1.5e+300"),
+            (5e-324, "5e-324"),
+            (-2.5e-7, "-2.5e-07"),
+            (123456.789, "123456.789"),
+            (f64::MAX, "1.7976931348623157e+308"),
+        ];
+        for (x, want) in table {
+            assert_eq!(python_repr(*x), *want, "{x:e}");
+        }
+    }
+}
