@@ -1,0 +1,306 @@
+//! The error type of `tcg-core` (SPEC-v1 §12).
+//!
+//! Every failure has a [`Kind`] (which Python exception class it becomes) and a
+//! stable [`Code`] (`<area>.<slug>`). Messages are for people; codes are for
+//! programs. A new failure gets a new code; existing codes never change meaning.
+
+use std::fmt;
+
+/// The kind of an error: the Python exception class it maps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `IdentityError` (a `ValueError`).
+    Identity,
+    /// `DeclarationError` (a `ValueError`).
+    Declaration,
+    /// `ArtifactError` (a `ValueError`).
+    Artifact,
+    /// `CompileError` (a `RuntimeError`).
+    Compile,
+    /// `StorageError` (a `RuntimeError`).
+    Storage,
+    /// `QuarantinedArtifact` (a `StorageError`).
+    Quarantined,
+    /// `AdmissionError` (a `StorageError`).
+    Admission,
+    /// An `OSError` subclass chosen by errno.
+    Io,
+}
+
+macro_rules! codes {
+    ($($(#[$doc:meta])* $variant:ident => $kind:ident, $text:literal;)*) => {
+        /// A stable error code.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Code {
+            $($(#[$doc])* #[doc = concat!("`", $text, "`")] $variant,)*
+        }
+
+        impl Code {
+            /// Every code, in declaration order.
+            pub const ALL: &'static [Code] = &[$(Code::$variant,)*];
+
+            /// The code string, `<area>.<slug>`.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Code::$variant => $text,)* }
+            }
+
+            /// The kind an error of this code has unless its context says otherwise.
+            pub fn default_kind(self) -> Kind {
+                match self { $(Code::$variant => Kind::$kind,)* }
+            }
+
+            /// Look a code up by its string.
+            pub fn from_str_code(s: &str) -> Option<Code> {
+                match s { $($text => Some(Code::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+codes! {
+    IdentityAxisUnknown => Identity, "identity.axis_unknown";
+    IdentityAxisMissing => Identity, "identity.axis_missing";
+    IdentityAxisNotCanonical => Identity, "identity.axis_not_canonical";
+    IdentityAxisIsKey => Identity, "identity.axis_is_key";
+    IdentityKeyInvalid => Identity, "identity.key_invalid";
+    IdentityMetadataIncomplete => Identity, "identity.metadata_incomplete";
+
+    CjNonFinite => Identity, "cj.non_finite";
+    CjIntegerRange => Identity, "cj.integer_range";
+    CjInvalidValue => Identity, "cj.invalid_value";
+
+    DeclarationNameInvalid => Declaration, "declaration.name_invalid";
+    DeclarationTargetInvalid => Declaration, "declaration.target_invalid";
+    DeclarationGraphInvalid => Declaration, "declaration.graph_invalid";
+    DeclarationGraphKeys => Declaration, "declaration.graph_keys";
+    DeclarationGraphVersion => Declaration, "declaration.graph_version";
+    DeclarationGraphList => Declaration, "declaration.graph_list";
+    DeclarationGraphObject => Declaration, "declaration.graph_object";
+    DeclarationWitnessInvalid => Declaration, "declaration.witness_invalid";
+    DeclarationRangeDigestInvalid => Declaration, "declaration.range_digest_invalid";
+    DeclarationForkInvalid => Declaration, "declaration.fork_invalid";
+    DeclarationClassDimsInvalid => Declaration, "declaration.class_dims_invalid";
+    DeclarationStrictInvalid => Declaration, "declaration.strict_invalid";
+    DeclarationLoraBucketInvalid => Declaration, "declaration.lora_bucket_invalid";
+    DeclarationLiteralValuesInvalid => Declaration, "declaration.literal_values_invalid";
+    DeclarationLiteralValuesMismatch => Declaration, "declaration.literal_values_mismatch";
+    DeclarationPlacementSingle => Declaration, "declaration.placement_single";
+    DeclarationIngressInvalid => Declaration, "declaration.ingress_invalid";
+    DeclarationIngressMismatch => Declaration, "declaration.ingress_mismatch";
+    DeclarationProgramInvalid => Declaration, "declaration.program_invalid";
+    DeclarationConstantFqnsMismatch => Declaration, "declaration.constant_fqns_mismatch";
+    DeclarationLiteralUnreadable => Declaration, "declaration.literal_unreadable";
+    DeclarationTargetUnsupported => Declaration, "declaration.target_unsupported";
+    DeclarationCudaUnavailable => Declaration, "declaration.cuda_unavailable";
+    DeclarationDeviceMismatch => Declaration, "declaration.device_mismatch";
+    DeclarationToolchainInvalid => Declaration, "declaration.toolchain_invalid";
+    DeclarationHostPolicy => Declaration, "declaration.host_policy";
+
+    ArtifactBarePt2 => Artifact, "artifact.bare_pt2";
+    ArtifactCompressedTooLarge => Artifact, "artifact.compressed_too_large";
+    ArtifactGzipHeader => Artifact, "artifact.gzip_header";
+    ArtifactGzipInvalid => Artifact, "artifact.gzip_invalid";
+    ArtifactTruncatedGzip => Artifact, "artifact.truncated_gzip";
+    ArtifactGzipTrailing => Artifact, "artifact.gzip_trailing";
+    ArtifactDecompressedTooLarge => Artifact, "artifact.decompressed_too_large";
+    ArtifactTarHeader => Artifact, "artifact.tar_header";
+    ArtifactTarMember => Artifact, "artifact.tar_member";
+    ArtifactTarTruncated => Artifact, "artifact.tar_truncated";
+    ArtifactTarEnd => Artifact, "artifact.tar_end";
+    ArtifactMemberMissing => Artifact, "artifact.member_missing";
+    ArtifactMemberTooLarge => Artifact, "artifact.member_too_large";
+    ArtifactTotalTooLarge => Artifact, "artifact.total_too_large";
+    ArtifactMetadataJson => Artifact, "artifact.metadata_json";
+    ArtifactMetadataSchema => Artifact, "artifact.metadata_schema";
+    ArtifactMetadataFormat => Artifact, "artifact.metadata_format";
+    ArtifactMetadataKind => Artifact, "artifact.metadata_kind";
+    ArtifactMetadataPolicy => Artifact, "artifact.metadata_policy";
+    ArtifactHostIsaInvalid => Artifact, "artifact.host_isa_invalid";
+    ArtifactDeclarationInvalid => Artifact, "artifact.declaration_invalid";
+    ArtifactClassHashMismatch => Artifact, "artifact.class_hash_mismatch";
+    ArtifactKeyMismatch => Artifact, "artifact.key_mismatch";
+    ArtifactConstantsInvalid => Artifact, "artifact.constants_invalid";
+    ArtifactLiteralsMismatch => Artifact, "artifact.literals_mismatch";
+    ArtifactFormatUnsupported => Artifact, "artifact.format_unsupported";
+    ArtifactPackageZip => Artifact, "artifact.package_zip";
+    ArtifactPackageLayout => Artifact, "artifact.package_layout";
+    ArtifactPackageEntryMismatch => Artifact, "artifact.package_entry_mismatch";
+    ArtifactWrapperParse => Artifact, "artifact.wrapper_parse";
+    ArtifactConstantsMismatch => Artifact, "artifact.constants_mismatch";
+    ArtifactNotCodeOnly => Artifact, "artifact.not_code_only";
+    ArtifactElfInvalid => Artifact, "artifact.elf_invalid";
+    ArtifactElfMachineMismatch => Artifact, "artifact.elf_machine_mismatch";
+    ArtifactLiteralPayload => Artifact, "artifact.literal_payload";
+    ArtifactLiteralDigestMismatch => Artifact, "artifact.literal_digest_mismatch";
+
+    CompileHostPolicy => Compile, "compile.host_policy";
+    CompileProgramInvalid => Compile, "compile.program_invalid";
+    CompileContext => Compile, "compile.context";
+    CompileFailed => Compile, "compile.failed";
+    CompileResultInvalid => Compile, "compile.result_invalid";
+    CompilePackageFailed => Compile, "compile.package_failed";
+
+    StoreKeyInvalid => Storage, "store.key_invalid";
+    StoreKeyMismatch => Storage, "store.key_mismatch";
+    StoreAbsent => Storage, "store.absent";
+    StoreRefMoved => Storage, "store.ref_moved";
+    StoreMintLockTimeout => Storage, "store.mint_lock_timeout";
+    StoreDigestMismatch => Storage, "store.digest_mismatch";
+    StoreObjectMissing => Storage, "store.object_missing";
+    StoreNotRegularFile => Storage, "store.not_regular_file";
+    StoreRefInvalid => Storage, "store.ref_invalid";
+    StoreClosureMissing => Storage, "store.closure_missing";
+    StoreFormatUnsupported => Storage, "store.format_unsupported";
+    StoreNetworkFilesystem => Storage, "store.network_filesystem";
+    StoreGcAborted => Storage, "store.gc_aborted";
+
+    QuarantinePresent => Quarantined, "quarantine.present";
+    QuarantineExportVerification => Quarantined, "quarantine.export_verification";
+    QuarantineConcurrent => Quarantined, "quarantine.concurrent";
+    QuarantineStoreVerification => Quarantined, "quarantine.store_verification";
+    QuarantineArtifactVerification => Quarantined, "quarantine.artifact_verification";
+    QuarantineKeyMismatch => Quarantined, "quarantine.key_mismatch";
+
+    AdmissionHostMachine => Admission, "admission.host_machine";
+    AdmissionHostFeatures => Admission, "admission.host_features";
+    AdmissionHostUnreadable => Admission, "admission.host_unreadable";
+    AdmissionHostIsaMissing => Admission, "admission.host_isa_missing";
+    AdmissionRequestInvalid => Admission, "admission.request_invalid";
+    AdmissionTargetMismatch => Admission, "admission.target_mismatch";
+    AdmissionToolchainMismatch => Admission, "admission.toolchain_mismatch";
+    AdmissionRecipeKeyMismatch => Admission, "admission.recipe_key_mismatch";
+    AdmissionProgramMutated => Admission, "admission.program_mutated";
+    AdmissionPlanMismatch => Admission, "admission.plan_mismatch";
+    AdmissionLiteralUnbound => Admission, "admission.literal_unbound";
+    AdmissionLiteralSerialize => Admission, "admission.literal_serialize";
+
+    IoDestinationOccupied => Io, "io.destination_occupied";
+    IoDestinationNotDirectory => Io, "io.destination_not_directory";
+    IoError => Io, "io.error";
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error of `tcg-core`: a kind, a stable code, a message and, for I/O
+/// errors, the operating system's errno.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    kind: Kind,
+    code: Code,
+    message: String,
+    errno: Option<i32>,
+}
+
+/// The result type of `tcg-core`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An error of `code`, with the code's default kind.
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Error {
+            kind: code.default_kind(),
+            code,
+            message: message.into(),
+            errno: None,
+        }
+    }
+
+    /// An error of `code` raised as `kind` (for codes whose kind depends on
+    /// the operation, such as `cj.*`).
+    pub fn with_kind(kind: Kind, code: Code, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            code,
+            message: message.into(),
+            errno: None,
+        }
+    }
+
+    /// A CJ refusal raised in the context of an operation of `kind`.
+    pub fn from_cj(kind: Kind, err: &tcg_cj::CjError) -> Self {
+        let code = match err.code {
+            tcg_cj::CjErrorCode::NonFinite => Code::CjNonFinite,
+            tcg_cj::CjErrorCode::IntegerRange => Code::CjIntegerRange,
+            tcg_cj::CjErrorCode::InvalidValue => Code::CjInvalidValue,
+        };
+        Error::with_kind(kind, code, err.to_string())
+    }
+
+    /// An I/O error (`io.error`) that keeps the errno, with `context` such as
+    /// the operation and path prefixed to the message.
+    pub fn io(context: impl fmt::Display, err: &std::io::Error) -> Self {
+        Error {
+            kind: Kind::Io,
+            code: Code::IoError,
+            message: format!("{context}: {err}"),
+            errno: err.raw_os_error(),
+        }
+    }
+
+    /// An I/O error of a specific `io.*` code with an errno.
+    pub fn io_code(code: Code, errno: Option<i32>, message: impl Into<String>) -> Self {
+        Error {
+            kind: Kind::Io,
+            code,
+            message: message.into(),
+            errno,
+        }
+    }
+
+    /// The kind.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+    /// The stable code.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+    /// The errno of an I/O error.
+    pub fn errno(&self) -> Option<i32> {
+        self.errno
+    }
+
+    /// The same error with `prefix: ` before its message.
+    pub fn context(mut self, prefix: impl fmt::Display) -> Self {
+        self.message = format!("{prefix}: {}", self.message);
+        self
+    }
+
+    /// The same failure re-raised as another kind and code, keeping the message
+    /// (for wrapping rules such as "graph_class declaration is invalid: …").
+    pub fn rewrap(self, code: Code, prefix: impl fmt::Display) -> Self {
+        Error {
+            kind: code.default_kind(),
+            code,
+            message: format!("{prefix}: {}", self.message),
+            errno: self.errno,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_well_formed_and_round_trip() {
+        let mut seen = std::collections::HashSet::new();
+        for code in Code::ALL {
+            let s = code.as_str();
+            assert!(seen.insert(s), "duplicate {s}");
+            let (area, slug) = s.split_once('.').unwrap();
+            assert!(!area.is_empty() && !slug.is_empty());
+            assert!(slug.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'), "{s}");
+            assert_eq!(Code::from_str_code(s), Some(*code));
+        }
+    }
+}
