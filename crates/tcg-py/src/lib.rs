@@ -1,1 +1,34 @@
+//! PyO3 bindings of torch-compiled-graphs: conversion and error mapping only.
+//!
+//! Every rule lives in `tcg-core`; a binding converts its arguments, calls the
+//! core with the GIL released where it does I/O, and maps the error.
 
+mod convert;
+mod errors;
+mod identity;
+
+use pyo3::prelude::*;
+
+/// The extension module `torch_compiled_graphs._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    identity::register(m)?;
+    m.add_function(wrap_pyfunction!(cli_main, m)?)?;
+    m.add_function(wrap_pyfunction!(error_codes, m)?)?;
+    Ok(())
+}
+
+/// Run the command line with `argv` (program name first); returns the exit code.
+#[pyfunction]
+fn cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
+    py.detach(|| tcg_cli::run(argv))
+}
+
+/// Every stable error code with the name of the Python class it raises.
+#[pyfunction]
+fn error_codes() -> Vec<(&'static str, &'static str)> {
+    tcg_core::Code::ALL
+        .iter()
+        .map(|c| (c.as_str(), errors::class_name(c.default_kind())))
+        .collect()
+}

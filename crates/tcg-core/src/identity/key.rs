@@ -84,6 +84,27 @@ pub fn derive_key_from_axes(axes: &Map) -> Result<String> {
     Ok(format!("{KEY_SCHEME}-{digest}"))
 }
 
+/// The key of an artifact from its recorded facts (SPEC-v1 §3.3): `kind`
+/// must be `aot-inductor`; the axes are `graph_class.class_hash`, `sm` and the
+/// toolchain axis of a valid `toolchain` block. Missing or invalid facts are
+/// `identity.metadata_incomplete`.
+pub fn key_from_metadata(metadata: &Map) -> Result<String> {
+    let incomplete = |what: &str| Error::new(Code::IdentityMetadataIncomplete, format!("metadata lacks {what}"));
+    if metadata.get("kind").and_then(Value::as_str) != Some(super::ARTIFACT_KIND) {
+        return Err(incomplete("kind \"aot-inductor\""));
+    }
+    let class_hash = metadata
+        .get("graph_class")
+        .and_then(Value::as_object)
+        .and_then(|g| g.get("class_hash"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| incomplete("graph_class.class_hash"))?;
+    let sm = metadata.get("sm").and_then(Value::as_str).ok_or_else(|| incomplete("sm"))?;
+    let block = metadata.get("toolchain").ok_or_else(|| incomplete("toolchain"))?;
+    let block = super::validate_toolchain_block(block, Code::IdentityMetadataIncomplete)?;
+    derive_key(class_hash, sm, &super::toolchain_axis(&block))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

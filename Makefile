@@ -1,0 +1,53 @@
+# The single developer entry point. `make test` and `make demo` work on a
+# fresh machine that has only Rust, Python 3.11 and pip.
+
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+UV := $(PYTHON) -m uv
+CARGO_TEST_FLAGS ?=
+export UV_LINK_MODE ?= copy
+
+.PHONY: test demo bench develop deps rust-checks python-checks clean
+
+# Everything CI checks: formatting, lints, Rust tests, Python lints, types and tests.
+test: develop rust-checks python-checks
+
+demo: develop
+	$(VPY) scripts/demo.py
+
+bench: deps
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --uv --release --quiet
+	$(VPY) scripts/bench.py
+
+$(VENV)/.uv-ready:
+	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet "uv>=0.4"
+	$(UV) venv --quiet --allow-existing --python $(PYTHON) $(VENV)
+	@touch $@
+
+# Dependencies come from pyproject.toml (the torch and test extras); uv's cache
+# makes a repeated install cost seconds.
+$(VENV)/.deps-ready: pyproject.toml $(VENV)/.uv-ready
+	$(UV) pip install --quiet --python $(VPY) -r pyproject.toml --extra torch --extra test "maturin>=1.7,<2"
+	@touch $@
+
+deps: $(VENV)/.deps-ready
+
+# Build the extension module into the virtual environment (editable install).
+develop: deps
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --uv --quiet
+
+rust-checks:
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets --quiet -- -D warnings
+	cargo test --workspace --exclude tcg-py $(CARGO_TEST_FLAGS)
+
+python-checks:
+	$(VENV)/bin/ruff check python tests scripts
+	$(VENV)/bin/ruff format --check python tests scripts
+	$(VENV)/bin/mypy
+	$(VPY) -m pytest
+
+clean:
+	cargo clean
+	rm -rf $(VENV)

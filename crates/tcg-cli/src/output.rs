@@ -1,0 +1,59 @@
+use std::io::{self, Write};
+
+use tcg_core::{Error, Kind};
+
+/// What a command concluded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Exit 0.
+    Success,
+    /// Exit 1: an expected negative answer.
+    Negative,
+}
+
+impl Outcome {
+    /// The process exit code.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Outcome::Success => 0,
+            Outcome::Negative => 1,
+        }
+    }
+}
+
+/// Write `text` and a newline to stdout. A closed pipe ends the output quietly.
+pub fn print_line(text: &str) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|_| out.flush()) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// Print an error (and a hint where one helps) to stderr; return the exit code.
+pub fn report_error(err: &anyhow::Error) -> i32 {
+    let core = err.chain().find_map(|e| e.downcast_ref::<Error>());
+    let mut stderr = io::stderr().lock();
+    let _ = writeln!(stderr, "error: {err:#}");
+    if let Some(core) = core {
+        let _ = writeln!(stderr, "code: {}", core.code());
+        if let Some(hint) = hint(core) {
+            let _ = writeln!(stderr, "hint: {hint}");
+        }
+        return match core.kind() {
+            Kind::Artifact | Kind::Admission | Kind::Quarantined | Kind::Identity | Kind::Declaration => 1,
+            Kind::Compile | Kind::Storage | Kind::Io => 2,
+        };
+    }
+    2
+}
+
+fn hint(err: &Error) -> Option<&'static str> {
+    use tcg_core::Code::*;
+    match err.code() {
+        ArtifactBarePt2 => Some("wrap the package in a compiled_graph.tar.gz envelope by minting or exporting it"),
+        IdentityAxisIsKey => Some("pass the class hash, the sm and the toolchain axis, not a whole key"),
+        DeclarationToolchainInvalid => Some("a toolchain block is a JSON object of non-empty trimmed strings"),
+        _ => None,
+    }
+}
