@@ -1,0 +1,246 @@
+//! Materialization: a stored file copied to a caller path, never sharing an
+//! inode with `objects/` (SPEC-v1 §9.8).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::{io_err, Result, StoreError};
+use crate::fsutil;
+use crate::lease::Lease;
+use crate::object::IO_BUF;
+use crate::{Digest, Store};
+
+/// How the bytes reached the destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaterializeMethod {
+    /// Every chunk was reflinked (FICLONERANGE).
+    Reflink,
+    /// Copied in the kernel (`copy_file_range`) or by read/write.
+    Copy,
+    /// Streamed through the verified reader (every chunk rehashed).
+    Verified,
+    /// The file is empty.
+    Empty,
+}
+
+/// What [`Store::materialize`] wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaterializeReport {
+    /// How the bytes were written.
+    pub method: MaterializeMethod,
+    /// The file's length.
+    pub size: u64,
+    /// The file's digest, from the manifest.
+    pub file_digest: Digest,
+}
+
+fn reflink_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EOPNOTSUPP
+                | libc::ENOTTY
+                | libc::EXDEV
+                | libc::EINVAL
+                | libc::ENOSYS
+                | libc::EBADF
+        )
+    )
+}
+
+impl Store {
+    /// Write the file of manifest `manifest` to `dest`: a temp in `dest`'s
+    /// directory (reflink per chunk where supported, else copy; or, with
+    /// `verify`, a verified stream), fsync, publish with `link` (an existing
+    /// `dest` is `io.destination_occupied` and is left untouched), fsync the
+    /// parent. Never hardlinks or symlinks into the store.
+    pub fn materialize(
+        &self,
+        lease: &Lease,
+        manifest: &Digest,
+        dest: &Path,
+        verify: bool,
+    ) -> Result<MaterializeReport> {
+        let parent = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let fname = dest
+            .file_name()
+            .ok_or_else(|| StoreError::Io {
+                op: "materialize",
+                path: dest.to_owned(),
+                source: io::Error::from_raw_os_error(libc::EINVAL),
+            })?
+            .to_string_lossy()
+            .into_owned();
+        if fs::symlink_metadata(dest).is_ok() {
+            return Err(StoreError::DestinationOccupied {
+                path: dest.to_owned(),
+            });
+        }
+        let m = self.load_manifest(lease, manifest)?;
+        let ds: Vec<Digest> = m.chunks.iter().map(|c| c.digest).collect();
+        lease.pin(&ds)?;
+        let tmp = parent.join(format!(".{fname}.{}", fsutil::random_hex32()));
+        let mut out = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+            .map_err(io_err("create temp", &tmp))?;
+        let guard = TempGuard(&tmp);
+        let method = if m.chunks.is_empty() {
+            MaterializeMethod::Empty
+        } else if verify {
+            let mut r = self.open_file(lease, manifest, true)?;
+            let mut buf = vec![0u8; IO_BUF];
+            loop {
+                let n = match r.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(StoreError::from_io(e, "read", self.objects_dir())),
+                };
+                out.write_all(&buf[..n]).map_err(io_err("write", &tmp))?;
+            }
+            MaterializeMethod::Verified
+        } else {
+            self.copy_chunks(&m.chunks, &out, &tmp)?
+        };
+        out.sync_all().map_err(io_err("fsync", &tmp))?;
+        drop(out);
+        match fs::hard_link(&tmp, dest) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(StoreError::DestinationOccupied {
+                    path: dest.to_owned(),
+                })
+            }
+            Err(e) => return Err(io_err("link", dest)(e)),
+        }
+        drop(guard);
+        fsutil::fsync_dir(&parent)?;
+        Ok(MaterializeReport {
+            method,
+            size: m.size,
+            file_digest: m.file_digest,
+        })
+    }
+
+    fn copy_chunks(
+        &self,
+        chunks: &[crate::Chunk],
+        out: &File,
+        tmp: &Path,
+    ) -> Result<MaterializeMethod> {
+        let dst_dev = out.metadata().map_err(io_err("fstat", tmp))?.dev();
+        let mut all_reflinked = true;
+        let mut off = 0u64;
+        for c in chunks {
+            let r = self.open_object_pinned(&c.digest, Some(c.len), false)?;
+            let src = r.file();
+            let src_dev = src.metadata().map_err(io_err("fstat", tmp))?.dev();
+            let key = (src_dev, dst_dev);
+            let try_reflink = !self
+                .inner
+                .no_reflink
+                .lock()
+                .expect("reflink set poisoned")
+                .contains(&key);
+            let mut done = false;
+            if try_reflink {
+                match fsutil::ficlone_range(src, out, c.len, off) {
+                    Ok(()) => done = true,
+                    Err(e) if reflink_unsupported(&e) => {
+                        self.inner
+                            .no_reflink
+                            .lock()
+                            .expect("reflink set poisoned")
+                            .insert(key);
+                    }
+                    Err(e) => return Err(io_err("reflink", tmp)(e)),
+                }
+            }
+            if !done {
+                all_reflinked = false;
+                copy_one(
+                    src,
+                    out,
+                    c.len,
+                    off,
+                    tmp,
+                    &self.object_path(&c.digest),
+                    &c.digest,
+                )?;
+            }
+            off += c.len;
+        }
+        Ok(if all_reflinked {
+            MaterializeMethod::Reflink
+        } else {
+            MaterializeMethod::Copy
+        })
+    }
+}
+
+fn copy_one(
+    src: &File,
+    out: &File,
+    len: u64,
+    off: u64,
+    tmp: &Path,
+    src_path: &Path,
+    digest: &Digest,
+) -> Result<()> {
+    let copied = match fsutil::copy_range(src, out, len, off) {
+        Ok(n) => n,
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EXDEV | libc::ENOSYS | libc::EINVAL | libc::EOPNOTSUPP)
+            ) =>
+        {
+            rw_copy(src, out, len, off, tmp)?
+        }
+        Err(e) => return Err(io_err("copy", tmp)(e)),
+    };
+    if copied != len {
+        return Err(StoreError::LengthMismatch {
+            path: src_path.to_owned(),
+            digest: digest.to_hex(),
+            expected: len,
+            actual: copied,
+        });
+    }
+    Ok(())
+}
+
+fn rw_copy(src: &File, out: &File, len: u64, off: u64, tmp: &Path) -> Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; IO_BUF];
+    let mut done = 0u64;
+    while done < len {
+        let want = (len - done).min(IO_BUF as u64) as usize;
+        let n = match src.read_at(&mut buf[..want], done) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io_err("read", tmp)(e)),
+        };
+        out.write_all_at(&buf[..n], off + done)
+            .map_err(io_err("write", tmp))?;
+        done += n as u64;
+    }
+    Ok(done)
+}
+
+struct TempGuard<'a>(&'a Path);
+
+impl Drop for TempGuard<'_> {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(self.0);
+    }
+}
