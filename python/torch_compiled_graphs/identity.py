@@ -184,7 +184,8 @@ class GraphClassDeclaration:
     @property
     def graph(self) -> dict[str, Any]:
         """A copy of the canonical graph interface."""
-        return _copy(self._fields["graph"])
+        graph: dict[str, Any] = _copy(self._fields["graph"])
+        return graph
 
     @property
     def graph_witness(self) -> str:
@@ -233,7 +234,8 @@ class GraphClassDeclaration:
 
     def facts(self) -> dict[str, Any]:
         """The facts-v3 object whose hash is :attr:`class_hash`."""
-        return _copy(self._fields["facts"])
+        facts: dict[str, Any] = _copy(self._fields["facts"])
+        return facts
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical fields, as passed back to the native core."""

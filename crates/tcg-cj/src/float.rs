@@ -1,5 +1,76 @@
 //! Python `repr(float)` for finite binary64 values (SPEC-v1 §2.3).
 
+/// Split `{:e}`-style text into (negative, digits, decimal exponent).
+fn split_sci(sci: &str) -> (bool, String, i32) {
+    let (negative, body) = match sci.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, sci),
+    };
+    let (mantissa, exp) = body
+        .split_once('e')
+        .expect("LowerExp always writes an exponent");
+    let exp: i32 = exp.parse().expect("LowerExp writes a decimal exponent");
+    (
+        negative,
+        mantissa.chars().filter(|c| *c != '.').collect(),
+        exp,
+    )
+}
+
+/// The shortest round-tripping digits of `x`, choosing the one nearest the
+/// exact binary value and, on an exact tie, the one with an even last digit
+/// (what Python's repr does). Rust's shortest mode finds the right length but
+/// rounds ties up, so the candidate of that length is recomputed from the
+/// exact decimal expansion (at most 767 significant digits for a binary64).
+fn shortest_digits(x: f64) -> (bool, String, i32) {
+    let (negative, digits, exp) = split_sci(&format!("{x:e}"));
+    let n = digits.len();
+    let (_, exact, exact_exp) = split_sci(&format!("{:.800e}", x));
+    debug_assert_eq!(exact_exp, exp);
+    let (head, rest) = exact.split_at(n);
+    let rest = rest.trim_end_matches('0');
+    let round_up = match rest.as_bytes().first() {
+        None => false,
+        Some(b'5') if rest.len() == 1 => (head.as_bytes()[n - 1] - b'0') % 2 == 1,
+        Some(d) => *d >= b'5',
+    };
+    let (candidate, candidate_exp) = if round_up {
+        let mut bytes = head.as_bytes().to_vec();
+        let mut i = n;
+        loop {
+            if i == 0 {
+                bytes.insert(0, b'1');
+                bytes.truncate(n);
+                break (bytes, exp + 1);
+            }
+            i -= 1;
+            if bytes[i] == b'9' {
+                bytes[i] = b'0';
+            } else {
+                bytes[i] += 1;
+                break (bytes, exp);
+            }
+        }
+    } else {
+        (head.as_bytes().to_vec(), exp)
+    };
+    let candidate = String::from_utf8(candidate).expect("ascii digits");
+    let text = format!(
+        "{}{}.{}e{}",
+        if negative { "-" } else { "" },
+        &candidate[..1],
+        &candidate[1..],
+        candidate_exp
+    );
+    if text.parse::<f64>().map(f64::to_bits) == Ok(x.to_bits()) {
+        let trimmed = candidate.trim_end_matches('0');
+        let trimmed = if trimmed.is_empty() { "0" } else { trimmed };
+        (negative, trimmed.to_string(), candidate_exp)
+    } else {
+        (negative, digits, exp)
+    }
+}
+
 /// Format a finite float exactly as Python's `repr`.
 ///
 /// Rust's `{:e}` yields the shortest digit string that round-trips, choosing
@@ -7,14 +78,7 @@
 /// Only the layout differs, so the digits and exponent are re-laid here.
 pub(crate) fn python_repr(x: f64) -> String {
     debug_assert!(x.is_finite());
-    let sci = format!("{x:e}");
-    let (negative, body) = match sci.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, sci.as_str()),
-    };
-    let (mantissa, exp) = body.split_once('e').expect("LowerExp always writes an exponent");
-    let exp: i32 = exp.parse().expect("LowerExp writes a decimal exponent");
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let (negative, digits, exp) = shortest_digits(x);
     let n = digits.len() as i32;
     let mut out = String::with_capacity(digits.len() + 8);
     if negative {
@@ -79,6 +143,10 @@ mod tests {
             (-2.5e-7, "-2.5e-07"),
             (123456.789, "123456.789"),
             (f64::MAX, "1.7976931348623157e+308"),
+            (562949953421312.2, "562949953421312.2"),
+            (-562949953421312.2, "-562949953421312.2"),
+            (0.3, "0.3"),
+            (f64::from_bits(1), "5e-324"),
         ];
         for (x, want) in table {
             assert_eq!(python_repr(*x), *want, "{x:e}");

@@ -57,7 +57,9 @@ mod tests {
 
     #[test]
     fn w_set_includes_information_separators_and_excludes_zero_width_space() {
-        for c in ['\u{1c}', '\u{1f}', '\u{85}', '\u{a0}', '\u{3000}', ' ', '\t'] {
+        for c in [
+            '\u{1c}', '\u{1f}', '\u{85}', '\u{a0}', '\u{3000}', ' ', '\t',
+        ] {
             assert!(is_w(c), "{c:?}");
         }
         for c in ['\u{200b}', '\u{feff}', 'a', '\u{0}', '\u{180e}'] {

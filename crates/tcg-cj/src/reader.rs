@@ -209,14 +209,18 @@ impl Parser<'_> {
                                     self.i += 2;
                                     let lo = self.hex4()?;
                                     if !(0xDC00..=0xDFFF).contains(&lo) {
-                                        return Err(self.err("high surrogate without low surrogate"));
+                                        return Err(
+                                            self.err("high surrogate without low surrogate")
+                                        );
                                     }
                                     0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
                                 }
                                 0xDC00..=0xDFFF => return Err(self.err("lone low surrogate")),
                                 _ => hi,
                             };
-                            out.push(char::from_u32(cp).ok_or_else(|| self.err("invalid code point"))?);
+                            out.push(
+                                char::from_u32(cp).ok_or_else(|| self.err("invalid code point"))?,
+                            );
                         }
                         _ => return Err(self.err("invalid escape")),
                     }
@@ -266,9 +270,10 @@ impl Parser<'_> {
         }
         let text = std::str::from_utf8(&self.b[start..self.i]).expect("ascii");
         if is_float {
-            let f: f64 = text
-                .parse()
-                .map_err(|_| ParseError { offset: start, message: "invalid number".into() })?;
+            let f: f64 = text.parse().map_err(|_| ParseError {
+                offset: start,
+                message: "invalid number".into(),
+            })?;
             if !f.is_finite() {
                 return Err(ParseError {
                     offset: start,
@@ -291,16 +296,42 @@ mod tests {
     use crate::to_canonical_string;
 
     fn refuses(input: &str) {
-        assert!(parse_strict(input.as_bytes()).is_err(), "accepted {input:?}");
+        assert!(
+            parse_strict(input.as_bytes()).is_err(),
+            "accepted {input:?}"
+        );
     }
 
     #[test]
     fn strict_reader_refusals() {
         for bad in [
-            "", "{", "[1,]", "{\"a\":1,}", "NaN", "Infinity", "-Infinity", "01", "1.", ".5", "1e",
-            "{\"a\":1,\"a\":2}", "{\"x\":{\"b\":1,\"b\":1}}", "9223372036854775808",
-            "-9223372036854775809", "1e400", "\"\\ud800\"", "\"\\udc00\"", "\"\\ud800\\u0041\"",
-            "1 2", "\"a\" x", "// c\n1", "\"\u{1}\"", "+1", "tru", "\"\\x\"", "[1]]",
+            "",
+            "{",
+            "[1,]",
+            "{\"a\":1,}",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "01",
+            "1.",
+            ".5",
+            "1e",
+            "{\"a\":1,\"a\":2}",
+            "{\"x\":{\"b\":1,\"b\":1}}",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "1e400",
+            "\"\\ud800\"",
+            "\"\\udc00\"",
+            "\"\\ud800\\u0041\"",
+            "1 2",
+            "\"a\" x",
+            "// c\n1",
+            "\"\u{1}\"",
+            "+1",
+            "tru",
+            "\"\\x\"",
+            "[1]]",
         ] {
             refuses(bad);
         }
@@ -312,7 +343,10 @@ mod tests {
         assert_eq!(parse_strict(b" -0 ").unwrap(), Value::Int(0));
         assert_eq!(parse_strict(b"1.0").unwrap(), Value::Float(1.0));
         assert_eq!(parse_strict(b"1E2").unwrap(), Value::Float(100.0));
-        assert_eq!(parse_strict(b"9223372036854775807").unwrap(), Value::Int(i64::MAX));
+        assert_eq!(
+            parse_strict(b"9223372036854775807").unwrap(),
+            Value::Int(i64::MAX)
+        );
         assert_eq!(
             parse_strict(b"\"\\ud83d\\ude00\\/\"").unwrap(),
             Value::Str("\u{1f600}/".into())

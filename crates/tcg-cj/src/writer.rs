@@ -107,7 +107,10 @@ fn write_value(out: &mut String, value: &Value) -> Result<(), Failure> {
                 write_string(out, k);
                 out.push(':');
                 write_value(out, v).map_err(|mut f| {
-                    f.1.push(format!("[{}]", to_canonical_string(&Value::Str(k.clone())).unwrap_or_default()));
+                    f.1.push(format!(
+                        "[{}]",
+                        to_canonical_string(&Value::Str(k.clone())).unwrap_or_default()
+                    ));
                     f
                 })?;
             }
@@ -153,7 +156,11 @@ mod tests {
         m.insert("a".into(), Value::Array(vec![]));
         m.insert(
             "f".into(),
-            Value::Array(vec![Value::Float(1.5), Value::Float(1e-5), Value::Float(1e16)]),
+            Value::Array(vec![
+                Value::Float(1.5),
+                Value::Float(1e-5),
+                Value::Float(1e16),
+            ]),
         );
         m.insert(
             "n".into(),
@@ -186,14 +193,23 @@ mod tests {
 
     #[test]
     fn integer_extremes_encode_as_themselves() {
-        assert_eq!(to_canonical_string(&Value::Int(i64::MAX)).unwrap(), "9223372036854775807");
-        assert_eq!(to_canonical_string(&Value::Int(i64::MIN)).unwrap(), "-9223372036854775808");
+        assert_eq!(
+            to_canonical_string(&Value::Int(i64::MAX)).unwrap(),
+            "9223372036854775807"
+        );
+        assert_eq!(
+            to_canonical_string(&Value::Int(i64::MIN)).unwrap(),
+            "-9223372036854775808"
+        );
     }
 
     #[test]
     fn non_finite_floats_are_refused_with_their_path() {
         let mut m = Map::new();
-        m.insert("x".into(), Value::Array(vec![Value::Int(1), Value::Float(f64::NAN)]));
+        m.insert(
+            "x".into(),
+            Value::Array(vec![Value::Int(1), Value::Float(f64::NAN)]),
+        );
         let err = to_canonical(&Value::Object(m)).unwrap_err();
         assert_eq!(err.code, CjErrorCode::NonFinite);
         assert_eq!(err.path, "$[\"x\"][1]");

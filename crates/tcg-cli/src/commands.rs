@@ -27,7 +27,11 @@ enum Command {
         #[arg(long)]
         sm: String,
         /// The toolchain axis (16 hex) ...
-        #[arg(long, conflicts_with = "toolchain", required_unless_present = "toolchain")]
+        #[arg(
+            long,
+            conflicts_with = "toolchain",
+            required_unless_present = "toolchain"
+        )]
         toolchain_axis: Option<String>,
         /// ... or a JSON file holding the toolchain block, folded here.
         #[arg(long)]
@@ -45,15 +49,25 @@ enum Command {
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
-        Command::Key { graph, sm, toolchain_axis, toolchain, json } => {
+        Command::Key {
+            graph,
+            sm,
+            toolchain_axis,
+            toolchain,
+            json,
+        } => {
             let axis = match (toolchain_axis, toolchain) {
                 (Some(axis), _) => axis,
                 (None, Some(path)) => {
-                    let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+                    let bytes = std::fs::read(&path)
+                        .with_context(|| format!("cannot read {}", path.display()))?;
                     let block = tcg_cj::parse_strict(&bytes)
                         .with_context(|| format!("{} is not strict JSON", path.display()))?;
-                    let block = identity::validate_toolchain_block(&block, Code::DeclarationToolchainInvalid)
-                        .with_context(|| format!("invalid toolchain block in {}", path.display()))?;
+                    let block = identity::validate_toolchain_block(
+                        &block,
+                        Code::DeclarationToolchainInvalid,
+                    )
+                    .with_context(|| format!("invalid toolchain block in {}", path.display()))?;
                     identity::toolchain_axis(&block)
                 }
                 (None, None) => unreachable!("clap requires one of them"),

@@ -41,7 +41,11 @@ pub fn report_error(err: &anyhow::Error) -> i32 {
             let _ = writeln!(stderr, "hint: {hint}");
         }
         return match core.kind() {
-            Kind::Artifact | Kind::Admission | Kind::Quarantined | Kind::Identity | Kind::Declaration => 1,
+            Kind::Artifact
+            | Kind::Admission
+            | Kind::Quarantined
+            | Kind::Identity
+            | Kind::Declaration => 1,
             Kind::Compile | Kind::Storage | Kind::Io => 2,
         };
     }
@@ -51,9 +55,15 @@ pub fn report_error(err: &anyhow::Error) -> i32 {
 fn hint(err: &Error) -> Option<&'static str> {
     use tcg_core::Code::*;
     match err.code() {
-        ArtifactBarePt2 => Some("wrap the package in a compiled_graph.tar.gz envelope by minting or exporting it"),
-        IdentityAxisIsKey => Some("pass the class hash, the sm and the toolchain axis, not a whole key"),
-        DeclarationToolchainInvalid => Some("a toolchain block is a JSON object of non-empty trimmed strings"),
+        ArtifactBarePt2 => {
+            Some("wrap the package in a compiled_graph.tar.gz envelope by minting or exporting it")
+        }
+        IdentityAxisIsKey => {
+            Some("pass the class hash, the sm and the toolchain axis, not a whole key")
+        }
+        DeclarationToolchainInvalid => {
+            Some("a toolchain block is a JSON object of non-empty trimmed strings")
+        }
         _ => None,
     }
 }

@@ -28,10 +28,13 @@ pub fn to_value(obj: &Bound<'_, PyAny>, path: &str) -> Result<Value, CjError> {
         return Ok(Value::Float(f.value()));
     }
     if let Ok(s) = obj.cast::<PyString>() {
-        return s
-            .to_str()
-            .map(|s| Value::Str(s.to_owned()))
-            .map_err(|_| CjError::new(CjErrorCode::InvalidValue, path, "string is not valid unicode (lone surrogate)"));
+        return s.to_str().map(|s| Value::Str(s.to_owned())).map_err(|_| {
+            CjError::new(
+                CjErrorCode::InvalidValue,
+                path,
+                "string is not valid unicode (lone surrogate)",
+            )
+        });
     }
     if let Ok(list) = obj.cast::<PyList>() {
         return list
@@ -54,7 +57,11 @@ pub fn to_value(obj: &Bound<'_, PyAny>, path: &str) -> Result<Value, CjError> {
         for (k, v) in dict.iter() {
             let key = match k.cast::<PyString>() {
                 Ok(s) => s.to_str().map_err(|_| {
-                    CjError::new(CjErrorCode::InvalidValue, path, "object key is not valid unicode")
+                    CjError::new(
+                        CjErrorCode::InvalidValue,
+                        path,
+                        "object key is not valid unicode",
+                    )
                 })?,
                 Err(_) => {
                     return Err(CjError::new(

@@ -33,7 +33,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 fn value_in(obj: &Bound<'_, PyAny>, kind: Kind) -> PyResult<Value> {
-    to_value(obj, "$").map_err(|e| Error::from_cj(kind, &e)).py()
+    to_value(obj, "$")
+        .map_err(|e| Error::from_cj(kind, &e))
+        .py()
 }
 
 fn value_as(obj: &Bound<'_, PyAny>, code: Code, what: &str) -> PyResult<Value> {
@@ -57,7 +59,11 @@ fn is_compiled_graph_key(value: &Bound<'_, PyAny>) -> bool {
 fn derive_key(axes: &Bound<'_, PyAny>) -> PyResult<String> {
     match value_in(axes, Kind::Identity)? {
         Value::Object(map) => id::derive_key_from_axes(&map).py(),
-        _ => Err(Error::new(Code::IdentityAxisMissing, "axes must be a dict of graph, sm and toolchain")).py(),
+        _ => Err(Error::new(
+            Code::IdentityAxisMissing,
+            "axes must be a dict of graph, sm and toolchain",
+        ))
+        .py(),
     }
 }
 
@@ -66,18 +72,28 @@ fn derive_key(axes: &Bound<'_, PyAny>) -> PyResult<String> {
 fn key_from_metadata(metadata: &Bound<'_, PyAny>) -> PyResult<String> {
     match value_in(metadata, Kind::Identity)? {
         Value::Object(map) => id::key_from_metadata(&map).py(),
-        _ => Err(Error::new(Code::IdentityMetadataIncomplete, "metadata must be a dict")).py(),
+        _ => Err(Error::new(
+            Code::IdentityMetadataIncomplete,
+            "metadata must be a dict",
+        ))
+        .py(),
     }
 }
 
 /// Convert a toolchain mapping with `str()` on keys and values (SPEC-v1 §4.4).
 pub fn toolchain_block(block: &Bound<'_, PyAny>) -> PyResult<Value> {
     let dict = block.cast::<PyDict>().map_err(|_| {
-        crate::errors::to_py(Error::new(Code::DeclarationToolchainInvalid, "toolchain block must be a dict"))
+        crate::errors::to_py(Error::new(
+            Code::DeclarationToolchainInvalid,
+            "toolchain block must be a dict",
+        ))
     })?;
     let mut map = Map::new();
     for (k, v) in dict.iter() {
-        map.insert(k.str()?.to_str()?.to_owned(), Value::Str(v.str()?.to_str()?.to_owned()));
+        map.insert(
+            k.str()?.to_str()?.to_owned(),
+            Value::Str(v.str()?.to_str()?.to_owned()),
+        );
     }
     Ok(Value::Object(map))
 }
@@ -92,10 +108,18 @@ fn toolchain_axis(block: &Bound<'_, PyAny>) -> PyResult<String> {
 
 /// The literal digest over rows `(name, dtype, shape, raw bytes)`.
 #[pyfunction]
-fn literal_digest(py: Python<'_>, rows: Vec<(String, String, Vec<u64>, PyBackedBytes)>) -> PyResult<String> {
+fn literal_digest(
+    py: Python<'_>,
+    rows: Vec<(String, String, Vec<u64>, PyBackedBytes)>,
+) -> PyResult<String> {
     let rows: Vec<LiteralRow> = rows
         .into_iter()
-        .map(|(name, dtype, shape, bytes)| LiteralRow { name, dtype, shape, bytes: bytes.to_vec() })
+        .map(|(name, dtype, shape, bytes)| LiteralRow {
+            name,
+            dtype,
+            shape,
+            bytes: bytes.to_vec(),
+        })
         .collect();
     py.detach(|| id::literal_digest(&rows)).py()
 }
@@ -115,16 +139,26 @@ fn graph_witness(lines: Vec<String>) -> String {
 
 /// CJ bytes of a JSON value (SPEC-v1 §2), as ASCII `bytes`.
 #[pyfunction]
-fn canonical_json<'py>(py: Python<'py>, value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyBytes>> {
+fn canonical_json<'py>(
+    py: Python<'py>,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
     let v = value_in(value, Kind::Identity)?;
-    let bytes = tcg_cj::to_canonical(&v).map_err(|e| Error::from_cj(Kind::Identity, &e)).py()?;
+    let bytes = tcg_cj::to_canonical(&v)
+        .map_err(|e| Error::from_cj(Kind::Identity, &e))
+        .py()?;
     Ok(PyBytes::new(py, &bytes))
 }
 
 fn sequence_of_pairs(obj: &Bound<'_, PyAny>, code: Code, what: &str) -> PyResult<Value> {
     let refuse = |m: String| crate::errors::to_py(Error::new(code, m));
-    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyDict>() || obj.is_instance_of::<PyBytes>() {
-        return Err(refuse(format!("{what} must be a sequence of (name, value) pairs")));
+    if obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyDict>()
+        || obj.is_instance_of::<PyBytes>()
+    {
+        return Err(refuse(format!(
+            "{what} must be a sequence of (name, value) pairs"
+        )));
     }
     let mut out = Vec::new();
     for (i, item) in obj

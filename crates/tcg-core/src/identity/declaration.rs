@@ -77,17 +77,26 @@ fn fail(code: Code, message: impl Into<String>) -> Error {
 
 fn check_name(value: &Value) -> Result<String> {
     let code = Code::DeclarationNameInvalid;
-    let raw = value
-        .as_str()
-        .ok_or_else(|| fail(code, format!("graph_class must be a string, got {}", value.type_name())))?;
+    let raw = value.as_str().ok_or_else(|| {
+        fail(
+            code,
+            format!("graph_class must be a string, got {}", value.type_name()),
+        )
+    })?;
     let name = trim_w(raw);
     if name.is_empty() {
         return Err(fail(code, "graph_class is empty"));
     }
     if name.contains('\\') {
-        return Err(fail(code, format!("graph_class {name:?} contains a backslash")));
+        return Err(fail(
+            code,
+            format!("graph_class {name:?} contains a backslash"),
+        ));
     }
-    if name.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+    if name
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
+    {
         return Err(fail(
             code,
             format!("graph_class {name:?} must be a relative path without empty, '.' or '..' components"),
@@ -105,10 +114,18 @@ fn check_sorted_strings(graph: &Map, member: &str) -> Result<()> {
     for item in items {
         let s = match item {
             Value::Str(s) if !s.is_empty() => s.as_str(),
-            _ => return Err(fail(code, format!("graph.{member} entries must be non-empty strings"))),
+            _ => {
+                return Err(fail(
+                    code,
+                    format!("graph.{member} entries must be non-empty strings"),
+                ))
+            }
         };
         if last.is_some_and(|l| l >= s) {
-            return Err(fail(code, format!("graph.{member} must be sorted and unique ({s:?})")));
+            return Err(fail(
+                code,
+                format!("graph.{member} must be sorted and unique ({s:?})"),
+            ));
         }
         last = Some(s);
     }
@@ -118,13 +135,28 @@ fn check_sorted_strings(graph: &Map, member: &str) -> Result<()> {
 fn check_graph(value: &Value) -> Result<Map> {
     let graph = match value {
         Value::Object(m) if !m.is_empty() => m,
-        _ => return Err(fail(Code::DeclarationGraphInvalid, "graph must be a non-empty object")),
+        _ => {
+            return Err(fail(
+                Code::DeclarationGraphInvalid,
+                "graph must be a non-empty object",
+            ))
+        }
     };
     if let Err(e) = tcg_cj::to_canonical(value) {
-        return Err(fail(Code::DeclarationGraphInvalid, format!("graph is not canonical json: {e}")));
+        return Err(fail(
+            Code::DeclarationGraphInvalid,
+            format!("graph is not canonical json: {e}"),
+        ));
     }
     let have: BTreeSet<&str> = graph.keys().map(String::as_str).collect();
-    let mut want: BTreeSet<&str> = ["constant_fqns", "lifted_inputs", "pytree", "specialization", "v"].into();
+    let mut want: BTreeSet<&str> = [
+        "constant_fqns",
+        "lifted_inputs",
+        "pytree",
+        "specialization",
+        "v",
+    ]
+    .into();
     if graph.contains_key("literal_values") {
         want.insert("literal_values");
     }
@@ -137,38 +169,61 @@ fn check_graph(value: &Value) -> Result<Map> {
         ));
     }
     if graph["v"] != Value::Int(GRAPH_FACTS_VERSION) {
-        return Err(fail(Code::DeclarationGraphVersion, format!("graph.v must be the integer {GRAPH_FACTS_VERSION}")));
+        return Err(fail(
+            Code::DeclarationGraphVersion,
+            format!("graph.v must be the integer {GRAPH_FACTS_VERSION}"),
+        ));
     }
     check_sorted_strings(graph, "constant_fqns")?;
     check_sorted_strings(graph, "lifted_inputs")?;
     for member in ["pytree", "specialization"] {
         if graph[member].as_object().is_none() {
-            return Err(fail(Code::DeclarationGraphObject, format!("graph.{member} must be an object")));
+            return Err(fail(
+                Code::DeclarationGraphObject,
+                format!("graph.{member} must be an object"),
+            ));
         }
     }
     Ok(graph.clone())
 }
 
 fn pairs(value: &Value, code: Code, what: &str) -> Result<Vec<(String, Value)>> {
-    let items = value
-        .as_array()
-        .ok_or_else(|| fail(code, format!("{what} must be a sequence of [name, value] pairs")))?;
+    let items = value.as_array().ok_or_else(|| {
+        fail(
+            code,
+            format!("{what} must be a sequence of [name, value] pairs"),
+        )
+    })?;
     let mut out: Vec<(String, Value)> = Vec::with_capacity(items.len());
     for item in items {
         let (name, v) = match item.as_array().map(Vec::as_slice) {
             Some([Value::Str(n), v]) => (n, v),
-            _ => return Err(fail(code, format!("{what} entries must be [name, value] pairs"))),
+            _ => {
+                return Err(fail(
+                    code,
+                    format!("{what} entries must be [name, value] pairs"),
+                ))
+            }
         };
         if !is_canonical_string(name) {
-            return Err(fail(code, format!("{what} name {name:?} is not a non-empty trimmed string")));
+            return Err(fail(
+                code,
+                format!("{what} name {name:?} is not a non-empty trimmed string"),
+            ));
         }
         if let Some((last, _)) = out.last() {
             if name < last {
-                return Err(fail(code, format!("{what} names must be sorted: {name:?} after {last:?}")));
+                return Err(fail(
+                    code,
+                    format!("{what} names must be sorted: {name:?} after {last:?}"),
+                ));
             }
         }
         if let Err(e) = tcg_cj::to_canonical(v) {
-            return Err(fail(code, format!("{what} value of {name:?} is not canonical json: {e}")));
+            return Err(fail(
+                code,
+                format!("{what} value of {name:?} is not canonical json: {e}"),
+            ));
         }
         out.push((name.clone(), v.clone()));
     }
@@ -182,42 +237,71 @@ impl GraphClassDeclaration {
         let name = check_name(&input.graph_class)?;
         let target = match &input.target {
             Value::Str(s) if !trim_w(s).is_empty() => trim_w(s).to_string(),
-            _ => return Err(fail(Code::DeclarationTargetInvalid, "target must be a non-empty string")),
+            _ => {
+                return Err(fail(
+                    Code::DeclarationTargetInvalid,
+                    "target must be a non-empty string",
+                ))
+            }
         };
         // Rules 2–3.
         let graph = check_graph(&input.graph)?;
         // Rule 4.
         let graph_witness = match &input.graph_witness {
             Value::Str(s) if is_hex(s, 16) => s.clone(),
-            _ => return Err(fail(Code::DeclarationWitnessInvalid, "graph_witness must be 16 lowercase hex")),
+            _ => {
+                return Err(fail(
+                    Code::DeclarationWitnessInvalid,
+                    "graph_witness must be 16 lowercase hex",
+                ))
+            }
         };
         let range_digest = match &input.range_digest {
             Value::Str(s) if is_hex(s, 32) => s.clone(),
-            _ => return Err(fail(Code::DeclarationRangeDigestInvalid, "range_digest must be 32 lowercase hex")),
+            _ => {
+                return Err(fail(
+                    Code::DeclarationRangeDigestInvalid,
+                    "range_digest must be 32 lowercase hex",
+                ))
+            }
         };
         // Rule 5.
         let fork = pairs(&input.fork, Code::DeclarationForkInvalid, "fork")?;
         // Rule 6.
-        let class_dims = pairs(&input.class_dims, Code::DeclarationClassDimsInvalid, "class_dims")?
-            .into_iter()
-            .map(|(n, v)| match v {
-                Value::Int(i) => Ok((n, i)),
-                _ => Err(fail(Code::DeclarationClassDimsInvalid, format!("class_dims value of {n:?} must be an integer"))),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let class_dims = pairs(
+            &input.class_dims,
+            Code::DeclarationClassDimsInvalid,
+            "class_dims",
+        )?
+        .into_iter()
+        .map(|(n, v)| match v {
+            Value::Int(i) => Ok((n, i)),
+            _ => Err(fail(
+                Code::DeclarationClassDimsInvalid,
+                format!("class_dims value of {n:?} must be an integer"),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()?;
         // Rule 7.
         let strict = input
             .strict
             .as_bool()
             .ok_or_else(|| fail(Code::DeclarationStrictInvalid, "strict must be a boolean"))?;
-        let lora_bucket = input
-            .lora_bucket
-            .as_i64()
-            .ok_or_else(|| fail(Code::DeclarationLoraBucketInvalid, "lora_bucket must be an integer"))?;
+        let lora_bucket = input.lora_bucket.as_i64().ok_or_else(|| {
+            fail(
+                Code::DeclarationLoraBucketInvalid,
+                "lora_bucket must be an integer",
+            )
+        })?;
         // Rule 8.
         let literal_values = match &input.literal_values {
             Value::Str(s) if s.is_empty() || is_hex(s, 32) => s.clone(),
-            _ => return Err(fail(Code::DeclarationLiteralValuesInvalid, "literal_values must be \"\" or 32 lowercase hex")),
+            _ => {
+                return Err(fail(
+                    Code::DeclarationLiteralValuesInvalid,
+                    "literal_values must be \"\" or 32 lowercase hex",
+                ))
+            }
         };
         match (literal_values.is_empty(), graph.get("literal_values")) {
             (true, None) => {}
@@ -244,7 +328,10 @@ impl GraphClassDeclaration {
             .into_iter()
             .collect();
         if placement.len() == 1 {
-            return Err(fail(Code::DeclarationPlacementSingle, "single-device placement must be omitted"));
+            return Err(fail(
+                Code::DeclarationPlacementSingle,
+                "single-device placement must be omitted",
+            ));
         }
         // Rule 10.
         if let Some(ingress) = graph["pytree"].as_object().and_then(|p| p.get("ingress")) {
@@ -282,12 +369,20 @@ impl GraphClassDeclaration {
             Some(Value::Array(items)) => items
                 .iter()
                 .map(|p| {
-                    p.as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| fail(Code::DeclarationGraphInvalid, "placement entries must be strings"))
+                    p.as_str().map(str::to_string).ok_or_else(|| {
+                        fail(
+                            Code::DeclarationGraphInvalid,
+                            "placement entries must be strings",
+                        )
+                    })
                 })
                 .collect::<Result<Vec<_>>>()?,
-            _ => return Err(fail(Code::DeclarationGraphInvalid, "placement must be an array of strings")),
+            _ => {
+                return Err(fail(
+                    Code::DeclarationGraphInvalid,
+                    "placement must be an array of strings",
+                ))
+            }
         };
         GraphClassDeclaration::new(DeclarationInput {
             graph_class: get("name"),

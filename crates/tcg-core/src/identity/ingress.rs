@@ -8,7 +8,14 @@ use crate::{Code, Error, Kind, Result};
 /// Version of the call-ingress object (SPEC-v1 §3.9).
 pub const CALL_INGRESS_VERSION: i64 = 1;
 
-const INGRESS_KEYS: [&str; 6] = ["excluded_inputs", "flat_arity", "inputs", "parameters", "symbols", "v"];
+const INGRESS_KEYS: [&str; 6] = [
+    "excluded_inputs",
+    "flat_arity",
+    "inputs",
+    "parameters",
+    "symbols",
+    "v",
+];
 const ROW_KEYS: [&str; 8] = [
     "dtype",
     "exported_name",
@@ -21,7 +28,10 @@ const ROW_KEYS: [&str; 8] = [
 ];
 
 fn bad(message: impl Into<String>) -> Error {
-    Error::new(Code::DeclarationIngressInvalid, format!("call ingress is invalid: {}", message.into()))
+    Error::new(
+        Code::DeclarationIngressInvalid,
+        format!("call ingress is invalid: {}", message.into()),
+    )
 }
 
 fn exact_keys(map: &Map, keys: &[&str], what: &str) -> Result<()> {
@@ -30,17 +40,21 @@ fn exact_keys(map: &Map, keys: &[&str], what: &str) -> Result<()> {
     if have != want {
         let missing: Vec<&str> = want.difference(&have).copied().collect();
         let extra: Vec<&str> = have.difference(&want).copied().collect();
-        return Err(bad(format!("{what} members differ (missing {missing:?}, extra {extra:?})")));
+        return Err(bad(format!(
+            "{what} members differ (missing {missing:?}, extra {extra:?})"
+        )));
     }
     Ok(())
 }
 
 fn int(v: &Value, what: &str) -> Result<i64> {
-    v.as_i64().ok_or_else(|| bad(format!("{what} must be an integer")))
+    v.as_i64()
+        .ok_or_else(|| bad(format!("{what} must be an integer")))
 }
 
 fn string<'a>(v: &'a Value, what: &str) -> Result<&'a str> {
-    v.as_str().ok_or_else(|| bad(format!("{what} must be a string")))
+    v.as_str()
+        .ok_or_else(|| bad(format!("{what} must be a string")))
 }
 
 /// Validate a call-ingress object (SPEC-v1 §3.9), refusing with
@@ -68,11 +82,17 @@ pub fn validate_ingress(value: &Value) -> Result<()> {
         return Err(bad("flat_arity must be positive"));
     }
 
-    let symbols = map["symbols"].as_object().ok_or_else(|| bad("symbols must be an object"))?;
+    let symbols = map["symbols"]
+        .as_object()
+        .ok_or_else(|| bad("symbols must be an object"))?;
     for (name, range) in symbols {
         match range.as_array().map(Vec::as_slice) {
             Some([Value::Int(lo), Value::Int(hi)]) if lo <= hi => {}
-            _ => return Err(bad(format!("symbol {name:?} must map to [lo, hi] integers with lo <= hi"))),
+            _ => {
+                return Err(bad(format!(
+                    "symbol {name:?} must map to [lo, hi] integers with lo <= hi"
+                )))
+            }
         }
     }
 
@@ -86,36 +106,50 @@ pub fn validate_ingress(value: &Value) -> Result<()> {
         return Err(bad("excluded_inputs must be sorted and unique"));
     }
 
-    let inputs = map["inputs"].as_array().ok_or_else(|| bad("inputs must be an array"))?;
+    let inputs = map["inputs"]
+        .as_array()
+        .ok_or_else(|| bad("inputs must be an array"))?;
     let mut names = HashSet::new();
     let mut exported_names = HashSet::new();
     let mut used_symbols = BTreeSet::new();
     let mut last_position: Option<i64> = None;
     let mut last_param_position: Option<i64> = None;
     for (i, row) in inputs.iter().enumerate() {
-        let row = row.as_object().ok_or_else(|| bad(format!("input {i} must be an object")))?;
+        let row = row
+            .as_object()
+            .ok_or_else(|| bad(format!("input {i} must be an object")))?;
         exact_keys(row, &ROW_KEYS, &format!("input {i}"))?;
         let name = string(&row["name"], "name")?;
         let param = string(&row["param"], "param")?;
         let exported_name = string(&row["exported_name"], "exported_name")?;
         let dtype = string(&row["dtype"], "dtype")?;
         if !is_canonical_string(dtype) || dtype.starts_with("torch.") {
-            return Err(bad(format!("input {i} dtype {dtype:?} must be torch's dtype without the torch. prefix")));
+            return Err(bad(format!(
+                "input {i} dtype {dtype:?} must be torch's dtype without the torch. prefix"
+            )));
         }
         let position = int(&row["position"], "position")?;
         if position < 0 || position >= flat_arity || last_position.is_some_and(|p| position <= p) {
-            return Err(bad(format!("input {i} position {position} must increase strictly and stay below flat_arity")));
+            return Err(bad(format!(
+                "input {i} position {position} must increase strictly and stay below flat_arity"
+            )));
         }
         last_position = Some(position);
         let param_position = int(&row["param_position"], "param_position")?;
         if param_position < 0 || last_param_position.is_some_and(|p| param_position < p) {
-            return Err(bad(format!("input {i} param_position {param_position} must not decrease")));
+            return Err(bad(format!(
+                "input {i} param_position {param_position} must not decrease"
+            )));
         }
         last_param_position = Some(param_position);
         if parameters.get(param_position as usize) != Some(&param) {
-            return Err(bad(format!("input {i} param {param:?} is not parameters[{param_position}]")));
+            return Err(bad(format!(
+                "input {i} param {param:?} is not parameters[{param_position}]"
+            )));
         }
-        let path = row["path"].as_array().ok_or_else(|| bad("path must be an array"))?;
+        let path = row["path"]
+            .as_array()
+            .ok_or_else(|| bad("path must be an array"))?;
         let mut derived_name = param.to_string();
         let mut derived_exported = param.to_string();
         for step in path {
@@ -129,11 +163,17 @@ pub fn validate_ingress(value: &Value) -> Result<()> {
                     derived_name.push_str(&format!(".{n}"));
                     derived_exported.push_str(&format!("_{n}"));
                 }
-                _ => return Err(bad(format!("input {i} path steps must be strings or non-negative integers"))),
+                _ => {
+                    return Err(bad(format!(
+                        "input {i} path steps must be strings or non-negative integers"
+                    )))
+                }
             }
         }
         if name != derived_name {
-            return Err(bad(format!("input {i} name {name:?} does not follow its path ({derived_name:?})")));
+            return Err(bad(format!(
+                "input {i} name {name:?} does not follow its path ({derived_name:?})"
+            )));
         }
         if exported_name != derived_exported {
             return Err(bad(format!(
@@ -146,7 +186,9 @@ pub fn validate_ingress(value: &Value) -> Result<()> {
         if !exported_names.insert(exported_name) {
             return Err(bad(format!("exported name {exported_name:?} is repeated")));
         }
-        let shape = row["shape"].as_array().ok_or_else(|| bad("shape must be an array"))?;
+        let shape = row["shape"]
+            .as_array()
+            .ok_or_else(|| bad("shape must be an array"))?;
         for dim in shape {
             match dim {
                 Value::Int(n) if *n >= 0 => {}
@@ -156,7 +198,11 @@ pub fn validate_ingress(value: &Value) -> Result<()> {
                     }
                     used_symbols.insert(s.as_str());
                 }
-                _ => return Err(bad(format!("input {i} shape items must be non-negative integers or symbols"))),
+                _ => {
+                    return Err(bad(format!(
+                        "input {i} shape items must be non-negative integers or symbols"
+                    )))
+                }
             }
         }
     }

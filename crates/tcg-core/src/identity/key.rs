@@ -18,7 +18,10 @@ pub fn split_key(s: &str) -> Option<(&str, &str)> {
         return None;
     }
     let (head, digest) = b.split_at(b.len() - KEY_DIGEST_HEX);
-    if !digest.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+    if !digest
+        .iter()
+        .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+    {
         return None;
     }
     let (scheme, sep) = head.split_at(head.len() - 1);
@@ -89,7 +92,12 @@ pub fn derive_key_from_axes(axes: &Map) -> Result<String> {
 /// toolchain axis of a valid `toolchain` block. Missing or invalid facts are
 /// `identity.metadata_incomplete`.
 pub fn key_from_metadata(metadata: &Map) -> Result<String> {
-    let incomplete = |what: &str| Error::new(Code::IdentityMetadataIncomplete, format!("metadata lacks {what}"));
+    let incomplete = |what: &str| {
+        Error::new(
+            Code::IdentityMetadataIncomplete,
+            format!("metadata lacks {what}"),
+        )
+    };
     if metadata.get("kind").and_then(Value::as_str) != Some(super::ARTIFACT_KIND) {
         return Err(incomplete("kind \"aot-inductor\""));
     }
@@ -99,8 +107,13 @@ pub fn key_from_metadata(metadata: &Map) -> Result<String> {
         .and_then(|g| g.get("class_hash"))
         .and_then(Value::as_str)
         .ok_or_else(|| incomplete("graph_class.class_hash"))?;
-    let sm = metadata.get("sm").and_then(Value::as_str).ok_or_else(|| incomplete("sm"))?;
-    let block = metadata.get("toolchain").ok_or_else(|| incomplete("toolchain"))?;
+    let sm = metadata
+        .get("sm")
+        .and_then(Value::as_str)
+        .ok_or_else(|| incomplete("sm"))?;
+    let block = metadata
+        .get("toolchain")
+        .ok_or_else(|| incomplete("toolchain"))?;
     let block = super::validate_toolchain_block(block, Code::IdentityMetadataIncomplete)?;
     derive_key(class_hash, sm, &super::toolchain_axis(&block))
 }
@@ -122,19 +135,34 @@ mod tests {
         let mut axes = Map::new();
         axes.insert("graph".into(), "g".into());
         axes.insert("extra".into(), "x".into());
-        assert_eq!(derive_key_from_axes(&axes).unwrap_err().code(), Code::IdentityAxisUnknown);
+        assert_eq!(
+            derive_key_from_axes(&axes).unwrap_err().code(),
+            Code::IdentityAxisUnknown
+        );
         axes.remove("extra");
-        assert_eq!(derive_key_from_axes(&axes).unwrap_err().code(), Code::IdentityAxisMissing);
+        assert_eq!(
+            derive_key_from_axes(&axes).unwrap_err().code(),
+            Code::IdentityAxisMissing
+        );
         axes.insert("sm".into(), " sm_89".into());
         axes.insert("toolchain".into(), "t".into());
-        assert_eq!(derive_key_from_axes(&axes).unwrap_err().code(), Code::IdentityAxisNotCanonical);
+        assert_eq!(
+            derive_key_from_axes(&axes).unwrap_err().code(),
+            Code::IdentityAxisNotCanonical
+        );
         axes.insert("sm".into(), Value::Int(89));
-        assert_eq!(derive_key_from_axes(&axes).unwrap_err().code(), Code::IdentityAxisNotCanonical);
+        assert_eq!(
+            derive_key_from_axes(&axes).unwrap_err().code(),
+            Code::IdentityAxisNotCanonical
+        );
         axes.insert(
             "sm".into(),
             "cg-key-v1-aefe4c6d52d304f8ef7cc6f9ffae296113b1546defe761e1c12ac2cf".into(),
         );
-        assert_eq!(derive_key_from_axes(&axes).unwrap_err().code(), Code::IdentityAxisIsKey);
+        assert_eq!(
+            derive_key_from_axes(&axes).unwrap_err().code(),
+            Code::IdentityAxisIsKey
+        );
     }
 
     #[test]
@@ -143,6 +171,8 @@ mod tests {
         let (scheme, digest) = split_key(k).unwrap();
         assert_eq!(scheme, "cg-key-v1-7692c3ad3540bb803c02");
         assert_eq!(digest.len(), 56);
-        assert!(!is_compiled_graph_key("é-7692c3ad3540bb803c020b3aee66cd8887123234ea0c6e7143c0add7"));
+        assert!(!is_compiled_graph_key(
+            "é-7692c3ad3540bb803c020b3aee66cd8887123234ea0c6e7143c0add7"
+        ));
     }
 }

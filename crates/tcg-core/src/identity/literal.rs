@@ -49,7 +49,9 @@ impl LiteralHasher {
             if name <= last.as_str() {
                 return Err(Error::new(
                     Code::DeclarationLiteralUnreadable,
-                    format!("literal rows must be unique and in name order: {name:?} after {last:?}"),
+                    format!(
+                        "literal rows must be unique and in name order: {name:?} after {last:?}"
+                    ),
                 ));
             }
         }
@@ -109,7 +111,12 @@ mod tests {
 
     #[test]
     fn duplicate_names_are_refused() {
-        let row = LiteralRow { name: "t".into(), dtype: "torch.int8".into(), shape: vec![1], bytes: vec![1] };
+        let row = LiteralRow {
+            name: "t".into(),
+            dtype: "torch.int8".into(),
+            shape: vec![1],
+            bytes: vec![1],
+        };
         let err = literal_digest(&[row.clone(), row]).unwrap_err();
         assert_eq!(err.code(), Code::DeclarationLiteralUnreadable);
     }

@@ -11,7 +11,9 @@ mod toolchain;
 
 pub use declaration::{DeclarationInput, GraphClassDeclaration};
 pub use ingress::{ingress_digest, validate_ingress, CALL_INGRESS_VERSION};
-pub use key::{derive_key, derive_key_from_axes, is_compiled_graph_key, key_from_metadata, split_key};
+pub use key::{
+    derive_key, derive_key_from_axes, is_compiled_graph_key, key_from_metadata, split_key,
+};
 pub use literal::{literal_digest, shape_text, LiteralHasher, LiteralRow};
 pub use toolchain::{toolchain_axis, validate_toolchain_block, TOOLCHAIN_EXCLUDED};
 

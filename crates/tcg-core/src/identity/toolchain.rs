@@ -19,7 +19,10 @@ pub fn validate_toolchain_block(block: &Value, code: Code) -> Result<BTreeMap<St
         other => {
             return Err(Error::new(
                 code,
-                format!("toolchain block must be an object, got {}", other.type_name()),
+                format!(
+                    "toolchain block must be an object, got {}",
+                    other.type_name()
+                ),
             ))
         }
     };
@@ -75,10 +78,19 @@ mod tests {
             Value::Null,
             Value::Object(Map::new()),
             Value::Object([("torch".to_string(), Value::Int(1))].into_iter().collect()),
-            Value::Object([("torch".to_string(), Value::from(" x"))].into_iter().collect()),
-            Value::Object([(" torch".to_string(), Value::from("x"))].into_iter().collect()),
+            Value::Object(
+                [("torch".to_string(), Value::from(" x"))]
+                    .into_iter()
+                    .collect(),
+            ),
+            Value::Object(
+                [(" torch".to_string(), Value::from("x"))]
+                    .into_iter()
+                    .collect(),
+            ),
         ] {
-            let err = validate_toolchain_block(&bad, Code::DeclarationToolchainInvalid).unwrap_err();
+            let err =
+                validate_toolchain_block(&bad, Code::DeclarationToolchainInvalid).unwrap_err();
             assert_eq!(err.code(), Code::DeclarationToolchainInvalid);
         }
     }
