@@ -39,9 +39,11 @@ impl Store {
         loop {
             let id = fsutil::random_hex32();
             let path = dir.join(&id);
+            // Created, then held read-only: flock needs no write access, and a
+            // store with no file open for writing can be remounted read-only.
             let file = match OpenOptions::new()
                 .read(true)
-                .append(true)
+                .write(true)
                 .create_new(true)
                 .mode(0o644)
                 .open(&path)
@@ -50,8 +52,10 @@ impl Store {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(io_err("create lease", &path)(e)),
             };
+            drop(file);
+            let file = File::open(&path).map_err(io_err("open lease", &path))?;
             if !fsutil::flock(&file, true, true).map_err(io_err("flock", &path))? {
-                // Cannot happen for a file we just created; do not rely on it.
+                // Cannot happen under the shared store lock; do not rely on it.
                 continue;
             }
             return Ok(Lease {
@@ -101,7 +105,13 @@ impl Lease {
             return Ok(());
         }
         let line = format!("{}\n", d.to_hex());
-        let mut f = self.file.as_ref().expect("lease file present while live");
+        // One write(2) of a whole line on an O_APPEND descriptor; opened per pin
+        // so that no store file stays open for writing between operations.
+        let mut f = OpenOptions::new()
+            .append(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.path)
+            .map_err(io_err("open lease", &self.path))?;
         f.write_all(line.as_bytes())
             .map_err(io_err("append pin", &self.path))?;
         set.insert(*d);

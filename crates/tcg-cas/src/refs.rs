@@ -265,6 +265,35 @@ impl Store {
         Ok(CasOutcome::Matched)
     }
 
+    /// Pin the closure of ref `name` in `lease` so that it stays readable: pin
+    /// the target (and, for a manifest, its chunks), then re-read the ref and
+    /// retry if it moved meanwhile. When this returns `Some(t)`, `t`'s closure
+    /// cannot be collected while the lease lives. A manifest that does not load
+    /// is reported with its typed error (after the same re-check).
+    pub fn pin_ref(&self, lease: &crate::Lease, name: &str) -> Result<Option<Target>> {
+        loop {
+            let Some(t) = self.get_ref(name)? else {
+                return Ok(None);
+            };
+            lease.pin(std::slice::from_ref(&t.digest))?;
+            let loaded = if t.kind == RefKind::Manifest {
+                match self.load_manifest_pinned(&t.digest) {
+                    Ok(m) => {
+                        let ds: Vec<Digest> = m.chunks.iter().map(|c| c.digest).collect();
+                        lease.pin(&ds).map(|()| ())
+                    }
+                    Err(e) => Err(e),
+                }
+            } else {
+                Ok(())
+            };
+            if self.get_ref(name)? != Some(t) {
+                continue;
+            }
+            return loaded.map(|()| Some(t));
+        }
+    }
+
     /// Remove the record of `name` if (and only if) it cannot be read, so that
     /// a corrupt record can be replaced. Returns whether it removed one.
     pub fn remove_unreadable_ref(&self, name: &str) -> Result<bool> {

@@ -1,0 +1,201 @@
+//! Manifests: chunking, the streaming writer and reader, strict parsing.
+
+mod common;
+
+use std::io::{Read, Write};
+
+use common::*;
+use tcg_cas::{store_error_of, Digest, Manifest, MAX_CHUNK_BYTES};
+
+fn manifest_digest_of(bytes: &[u8]) -> Digest {
+    Digest::of(bytes)
+}
+
+#[test]
+fn empty_file_has_no_chunks_and_the_digest_of_no_bytes() {
+    let (_d, store) = new_store();
+    let lease = store.lease().unwrap();
+    let info = store.ingest_reader(&lease, &b""[..]).unwrap();
+    assert_eq!(info.size, 0);
+    assert_eq!(info.file_digest, Digest::of(b""));
+    let m = store.load_manifest(&lease, &info.manifest).unwrap();
+    assert!(m.chunks.is_empty());
+    let raw = store.read_object(&lease, &info.manifest, 1 << 20).unwrap();
+    assert_eq!(
+        String::from_utf8(raw).unwrap(),
+        "{\"chunks\":[],\"digest\":\"sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\",\"format\":1,\"size\":0}"
+    );
+}
+
+#[test]
+fn manifest_bytes_are_canonical_json_of_the_pinned_shape() {
+    let (_d, store) = new_store();
+    let lease = store.lease().unwrap();
+    let info = store.ingest_reader(&lease, &b"abc"[..]).unwrap();
+    let raw = store.read_object(&lease, &info.manifest, 1 << 20).unwrap();
+    let h = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+    assert_eq!(
+        String::from_utf8(raw).unwrap(),
+        format!("{{\"chunks\":[{{\"digest\":\"sha256:{h}\",\"len\":3}}],\"digest\":\"sha256:{h}\",\"format\":1,\"size\":3}}")
+    );
+}
+
+#[test]
+fn chunked_writer_cuts_fixed_chunks_from_offset_zero_whatever_the_write_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_store(&dir.path().join("s"));
+    let lease = store.lease().unwrap();
+    let data = bytes(7, 5 * SMALL_CHUNK as usize + 123);
+    let mut infos = Vec::new();
+    for step in [1usize, 7, 4096, 16 * 1024, 100_000, data.len()] {
+        let mut w = store.chunked_writer(&lease);
+        for piece in data.chunks(step) {
+            w.write_all(piece).unwrap();
+        }
+        infos.push(w.finish().unwrap());
+    }
+    assert!(infos.windows(2).all(|w| w[0] == w[1]));
+    let info = infos[0];
+    assert_eq!(info.file_digest, Digest::of(&data));
+    assert_eq!(info.size, data.len() as u64);
+    let m = store.load_manifest(&lease, &info.manifest).unwrap();
+    assert_eq!(m.chunks.len(), 6);
+    assert!(m.chunks[..5].iter().all(|c| c.len == SMALL_CHUNK));
+    assert_eq!(m.chunks[5].len, 123);
+    for (i, c) in m.chunks.iter().enumerate() {
+        let s = i * SMALL_CHUNK as usize;
+        let e = (s + SMALL_CHUNK as usize).min(data.len());
+        assert_eq!(c.digest, Digest::of(&data[s..e]));
+    }
+    let mut out = Vec::new();
+    store
+        .open_file(&lease, &info.manifest, true)
+        .unwrap()
+        .read_to_end(&mut out)
+        .unwrap();
+    assert_eq!(out, data);
+    // A file of exactly one chunk length has one chunk.
+    let exact = store
+        .ingest_reader(&lease, &data[..SMALL_CHUNK as usize])
+        .unwrap();
+    let m = store.load_manifest(&lease, &exact.manifest).unwrap();
+    assert_eq!(m.chunks.len(), 1);
+    assert_eq!(m.chunks[0].digest, m.file_digest);
+}
+
+#[test]
+fn a_file_longer_than_64_mib_gets_a_second_chunk_in_the_real_store() {
+    let (d, store) = new_store();
+    let path = d.path().join("big");
+    let data = bytes(9, MAX_CHUNK_BYTES as usize + 1000);
+    std::fs::write(&path, &data).unwrap();
+    let lease = store.lease().unwrap();
+    let info = store.ingest_file(&lease, &path).unwrap();
+    assert_eq!(info.file_digest, Digest::of(&data));
+    let m = store.load_manifest(&lease, &info.manifest).unwrap();
+    assert_eq!(
+        m.chunks.iter().map(|c| c.len).collect::<Vec<_>>(),
+        vec![MAX_CHUNK_BYTES, 1000]
+    );
+}
+
+#[test]
+fn chunked_reader_errors_at_the_end_of_a_corrupt_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_store(&dir.path().join("s"));
+    let lease = store.lease().unwrap();
+    let data = bytes(8, 3 * SMALL_CHUNK as usize);
+    let info = store.ingest_reader(&lease, &data[..]).unwrap();
+    let m = store.load_manifest(&lease, &info.manifest).unwrap();
+    let p = store.object_path(&m.chunks[1].digest);
+    let mut bad = std::fs::read(&p).unwrap();
+    bad[5] ^= 4;
+    std::fs::remove_file(&p).unwrap();
+    std::fs::write(&p, &bad).unwrap();
+    let mut r = store.open_file(&lease, &info.manifest, true).unwrap();
+    let mut out = Vec::new();
+    let e = r.read_to_end(&mut out).unwrap_err();
+    assert_eq!(store_error_of(&e).unwrap().code(), "store.digest_mismatch");
+    assert!(out.len() < 2 * SMALL_CHUNK as usize);
+    // A truncated chunk is refused by length when it is opened.
+    std::fs::remove_file(&p).unwrap();
+    std::fs::write(&p, &bad[..100]).unwrap();
+    let mut r = store.open_file(&lease, &info.manifest, true).unwrap();
+    let e = r.read_to_end(&mut Vec::new()).unwrap_err();
+    assert_eq!(store_error_of(&e).unwrap().code(), "store.digest_mismatch");
+}
+
+#[test]
+fn dropping_an_unfinished_writer_leaves_no_temp() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_store(&dir.path().join("s"));
+    let lease = store.lease().unwrap();
+    let mut w = store.chunked_writer(&lease);
+    w.write_all(&bytes(3, 40_000)).unwrap();
+    drop(w);
+    assert!(dir_entries(&store.root().join("tmp")).is_empty());
+}
+
+fn parse(text: &str) -> Result<Manifest, tcg_cas::StoreError> {
+    Manifest::parse(text.as_bytes(), &manifest_digest_of(text.as_bytes()))
+}
+
+#[test]
+fn manifest_parser_refuses_every_rule_violation() {
+    let h = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+    let e0 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+    let good = format!("{{\"chunks\":[{{\"digest\":\"sha256:{h}\",\"len\":3}}],\"digest\":\"sha256:{h}\",\"format\":1,\"size\":3}}");
+    assert!(parse(&good).is_ok());
+    let big = MAX_CHUNK_BYTES;
+    let refusals = [
+        ("not json", "{".to_string()),
+        ("not an object", "[]".to_string()),
+        ("whitespace", good.replace(",\"format\"", ", \"format\"")),
+        ("member order", format!("{{\"digest\":\"sha256:{h}\",\"chunks\":[{{\"digest\":\"sha256:{h}\",\"len\":3}}],\"format\":1,\"size\":3}}")),
+        ("extra member", good.replace("\"size\":3}", "\"size\":3,\"x\":1}")),
+        ("missing size", good.replace(",\"size\":3", "")),
+        ("format float", good.replace("\"format\":1", "\"format\":1.0")),
+        ("format string", good.replace("\"format\":1", "\"format\":\"1\"")),
+        ("uppercase hex", good.replace("ba78", "BA78")),
+        ("short hex", good.replace(&format!("sha256:{h}\",\"format"), "sha256:abcd\",\"format")),
+        ("no prefix", good.replace(&format!("\"digest\":\"sha256:{h}\",\"format"), &format!("\"digest\":\"{h}\",\"format"))),
+        ("negative size", good.replace("\"size\":3", "\"size\":-3")),
+        ("sum mismatch", good.replace("\"size\":3", "\"size\":4")),
+        ("zero len", good.replace("\"len\":3", "\"len\":0").replace("\"size\":3", "\"size\":0")),
+        ("len too big", good.replace("\"len\":3", &format!("\"len\":{}", big + 1)).replace("\"size\":3", &format!("\"size\":{}", big + 1))),
+        ("chunk extra member", good.replace("\"len\":3}", "\"len\":3,\"x\":0}")),
+        ("single chunk digest differs", good.replace(&format!("\"digest\":\"sha256:{h}\",\"format"), &format!("\"digest\":\"sha256:{e0}\",\"format"))),
+        ("short first chunk", format!("{{\"chunks\":[{{\"digest\":\"sha256:{h}\",\"len\":3}},{{\"digest\":\"sha256:{h}\",\"len\":3}}],\"digest\":\"sha256:{e0}\",\"format\":1,\"size\":6}}")),
+        ("empty with wrong digest", format!("{{\"chunks\":[],\"digest\":\"sha256:{h}\",\"format\":1,\"size\":0}}")),
+        ("duplicate member", good.replace("\"size\":3}", "\"size\":3,\"size\":3}")),
+    ];
+    for (why, text) in refusals {
+        let e = parse(&text).expect_err(why);
+        assert_eq!(e.code(), "store.manifest_invalid", "{why}: {e}");
+    }
+}
+
+#[test]
+fn manifest_with_another_integer_format_is_an_unreadable_format() {
+    let e = parse("{\"chunks\":[],\"format\":2,\"whatever\":true}").unwrap_err();
+    assert_eq!(e.code(), "store.format_unsupported");
+    assert!(matches!(
+        e,
+        tcg_cas::StoreError::RecordFormatUnsupported { format: 2, .. }
+    ));
+}
+
+#[test]
+fn loading_a_manifest_rehashes_it() {
+    let (_d, store) = new_store();
+    let lease = store.lease().unwrap();
+    let info = store.ingest_reader(&lease, &b"abc"[..]).unwrap();
+    let p = store.object_path(&info.manifest);
+    let mut raw = std::fs::read(&p).unwrap();
+    let n = raw.len();
+    raw[n - 2] = b'4'; // "size":3 -> "size":4
+    std::fs::remove_file(&p).unwrap();
+    std::fs::write(&p, &raw).unwrap();
+    let e = store.load_manifest(&lease, &info.manifest).unwrap_err();
+    assert_eq!(e.code(), "store.digest_mismatch");
+}
