@@ -84,3 +84,15 @@ def test_integer_extremes_encode_as_themselves() -> None:
     assert canonical_json(-(2**63)) == b"-9223372036854775808"
     assert canonical_json(True) == b"true"
     assert canonical_json(1.0) == b"1.0"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers())
+def test_large_integers_encode_like_python_or_are_refused(value: int) -> None:
+    if -(2**63) <= value < 2**63:
+        assert canonical_json(value) == reference(value)
+    else:
+        with pytest.raises(IdentityError) as e:
+            canonical_json([value])
+        assert e.value.code == "cj.integer_range"
+        assert "$[0]" in str(e.value)
