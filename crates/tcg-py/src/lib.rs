@@ -5,6 +5,7 @@
 
 mod convert;
 mod errors;
+mod host;
 mod identity;
 
 use pyo3::prelude::*;
@@ -13,6 +14,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     identity::register(m)?;
+    host::register(m)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(error_codes, m)?)?;
     Ok(())
