@@ -1,0 +1,334 @@
+//! Package verification (SPEC-v1 §8.1–§8.7): zip reading, layout discovery,
+//! the wrapper constant table, the constant cross-check, the code-only policy
+//! and the ELF checks of `model.pt2`.
+//!
+//! Failures from the zip, the wrapper or the ELF parser carry the prefix
+//! "cannot verify AOTInductor package: ".
+
+pub mod elf;
+pub mod wrapper;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use zip::CompressionMethod;
+
+use crate::artifact::metadata::{ConstantRow, Metadata};
+use crate::error::{Code, Error, Result};
+
+pub use elf::{expected_e_machine, parse_elf, ElfInfo};
+pub use wrapper::{parse_wrapper, parse_wrapper_text, WrapperConstant, WrapperTable};
+
+/// The prefix of zip, wrapper and ELF failures.
+pub const PACKAGE_PREFIX: &str = "cannot verify AOTInductor package";
+/// The directory that marks an AOTInductor layout inside a package.
+pub const AOTI_DIR: &str = "data/aotinductor/";
+
+/// Where one zip member sits in the AOTInductor layout (§8.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// The root (`""` or one path component, `model` for torch's packager).
+    pub root: String,
+    /// The entry: the graph class name (may contain `/`).
+    pub entry: String,
+    /// The file name within the entry directory.
+    pub filename: String,
+}
+
+fn layout_err(what: impl std::fmt::Display) -> Error {
+    Error::new(Code::ArtifactPackageLayout, format!("{PACKAGE_PREFIX}: {what}"))
+}
+
+fn zip_err(what: impl std::fmt::Display) -> Error {
+    Error::new(
+        Code::ArtifactPackageZip,
+        format!("{PACKAGE_PREFIX}: invalid .pt2 package: {what}"),
+    )
+}
+
+/// The layout of a member name: `None` for names outside any
+/// `data/aotinductor/` directory; a refusal for a malformed root or entry.
+pub fn layout_of(name: &str) -> Result<Option<Layout>> {
+    let (root, rest) = if let Some(rest) = name.strip_prefix(AOTI_DIR) {
+        ("", rest)
+    } else {
+        let marker = format!("/{AOTI_DIR}");
+        let Some(at) = name.find(&marker) else {
+            return Ok(None);
+        };
+        (&name[..at], &name[at + marker.len()..])
+    };
+    if root.contains('/') {
+        return Err(layout_err(format_args!(
+            "member {name:?} has an AOTInductor root {root:?} of more than one component"
+        )));
+    }
+    let Some((entry, filename)) = rest.rsplit_once('/') else {
+        return Err(layout_err(format_args!("member {name:?} has no entry directory")));
+    };
+    if filename.is_empty() {
+        return Err(layout_err(format_args!("member {name:?} has an empty file name")));
+    }
+    let bad_entry = entry.is_empty()
+        || entry.contains('\\')
+        || entry.contains('\0')
+        || entry.split('/').any(|c| c.is_empty() || c == "." || c == "..");
+    if bad_entry {
+        return Err(layout_err(format_args!(
+            "member {name:?} has an unsafe entry {entry:?}"
+        )));
+    }
+    Ok(Some(Layout {
+        root: root.to_owned(),
+        entry: entry.to_owned(),
+        filename: filename.to_owned(),
+    }))
+}
+
+/// An opened package: the zip and its member names, with the zip rules of
+/// §8.1 applied.
+pub struct Package {
+    archive: zip::ZipArchive<File>,
+    names: Vec<String>,
+}
+
+impl Package {
+    /// Open `path` and apply §8.1: central directory, no duplicate names, no
+    /// encryption, only stored and deflate members (`artifact.package_zip`).
+    /// Failing to open the file at all is an I/O error.
+    pub fn open(path: &Path) -> Result<Package> {
+        let file = File::open(path).map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
+        let mut archive = zip::ZipArchive::new(file).map_err(zip_err)?;
+        if archive.has_duplicate_names() {
+            return Err(zip_err("duplicate member names"));
+        }
+        let mut names = Vec::with_capacity(archive.len());
+        let mut seen = HashSet::new();
+        for i in 0..archive.len() {
+            let f = archive.by_index_raw(i).map_err(zip_err)?;
+            let name = f.name().map_err(zip_err)?.into_owned();
+            if f.encrypted() {
+                return Err(zip_err(format_args!("member {name:?} is encrypted")));
+            }
+            if !matches!(f.compression(), CompressionMethod::Stored | CompressionMethod::Deflated) {
+                return Err(zip_err(format_args!(
+                    "member {name:?} uses compression method {:?}; only stored and deflate are allowed",
+                    f.compression()
+                )));
+            }
+            if !seen.insert(name.clone()) {
+                return Err(zip_err(format_args!("duplicate member name {name:?}")));
+            }
+            names.push(name);
+        }
+        Ok(Package { archive, names })
+    }
+
+    /// The member names in central-directory order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Read member `name` completely, CRC-checked (`artifact.package_zip`).
+    pub fn read(&mut self, name: &str) -> Result<Vec<u8>> {
+        let index = self
+            .names
+            .iter()
+            .position(|n| n == name)
+            .ok_or_else(|| zip_err(format_args!("no member {name:?}")))?;
+        let unreadable = |e: &dyn std::fmt::Display| {
+            Error::new(
+                Code::ArtifactPackageZip,
+                format!("{PACKAGE_PREFIX}: cannot read package member {name:?}: {e}"),
+            )
+        };
+        let mut f = self.archive.by_index(index).map_err(|e| unreadable(&e))?;
+        let mut buf = Vec::with_capacity(f.size().min(1 << 30) as usize);
+        f.read_to_end(&mut buf).map_err(|e| unreadable(&e))?;
+        Ok(buf)
+    }
+
+    /// Discover the layout (§8.2) and return the wrapper and `.so` member
+    /// names of the single entry, which must be `expected_entry` when given.
+    pub fn entry_members(&self, expected_entry: Option<&str>) -> Result<EntryMembers> {
+        let mut roots = BTreeSet::new();
+        let mut owners = BTreeSet::new();
+        let mut files: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for name in &self.names {
+            if let Some(l) = layout_of(name)? {
+                roots.insert(l.root.clone());
+                if l.filename.ends_with(".wrapper.cpp") {
+                    owners.insert(l.entry.clone());
+                }
+                files.entry(l.entry).or_default().push((l.filename, name.clone()));
+            }
+        }
+        if roots.len() > 1 {
+            return Err(layout_err(format_args!(
+                "package members use multiple AOTInductor roots {roots:?}"
+            )));
+        }
+        let owners: Vec<String> = owners.into_iter().collect();
+        let entry = match expected_entry {
+            Some(e) if owners.len() == 1 && owners[0] == e => e.to_owned(),
+            None if owners.len() == 1 => owners[0].clone(),
+            _ => {
+                return Err(Error::new(
+                    Code::ArtifactPackageEntryMismatch,
+                    format!(
+                        "package entries with a wrapper are {owners:?}, expected exactly [{:?}]",
+                        expected_entry.unwrap_or("<one entry>")
+                    ),
+                ))
+            }
+        };
+        let members = &files[&entry];
+        let pick = |suffix: &str| -> Result<String> {
+            let hits: Vec<&String> = members
+                .iter()
+                .filter(|(f, _)| f.ends_with(suffix))
+                .map(|(_, n)| n)
+                .collect();
+            if hits.len() != 1 {
+                return Err(layout_err(format_args!(
+                    "expected exactly one *{suffix} in entry {entry:?}, found {}",
+                    hits.len()
+                )));
+            }
+            Ok(hits[0].clone())
+        };
+        Ok(EntryMembers {
+            entry: entry.clone(),
+            wrapper: pick(".wrapper.cpp")?,
+            shared_object: pick(".so")?,
+        })
+    }
+}
+
+/// The members of the package's single entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryMembers {
+    /// The entry (the graph class name).
+    pub entry: String,
+    /// The `*.wrapper.cpp` member name.
+    pub wrapper: String,
+    /// The `*.so` member name.
+    pub shared_object: String,
+}
+
+/// What package verification found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageReport {
+    /// The entry's members.
+    pub members: EntryMembers,
+    /// The wrapper's constant table.
+    pub table: WrapperTable,
+    /// `e_machine` of the `.so`.
+    pub e_machine: u16,
+    /// Total `.lrodata` bytes of the `.so`.
+    pub lrodata_bytes: u64,
+}
+
+fn read_wrapper(pkg: &mut Package, member: &str) -> Result<WrapperTable> {
+    let bytes = pkg.read(member)?;
+    parse_wrapper(&bytes).map_err(|e| e.context(format_args!("{PACKAGE_PREFIX}: {member}")))
+}
+
+/// The constant table of a package with exactly one entry, as manifest rows
+/// in index order (for mint, before the metadata exists).
+pub fn parse_constant_table(path: &Path) -> Result<Vec<ConstantRow>> {
+    let mut pkg = Package::open(path)?;
+    let members = pkg.entry_members(None)?;
+    Ok(read_wrapper(&mut pkg, &members.wrapper)?.rows())
+}
+
+/// Verify a package against validated metadata (§8).
+pub fn verify_package(path: &Path, metadata: &Metadata) -> Result<PackageReport> {
+    verify_package_facts(
+        path,
+        metadata.name(),
+        metadata.constants(),
+        &metadata.host_isa().machine,
+    )
+}
+
+/// Verify a package against the facts it must restate: the entry `name`,
+/// the metadata constant rows and the recorded machine (§8.2–§8.7).
+pub fn verify_package_facts(
+    path: &Path,
+    name: &str,
+    constants: &[ConstantRow],
+    machine: &str,
+) -> Result<PackageReport> {
+    let mut pkg = Package::open(path)?;
+    let members = pkg.entry_members(Some(name))?;
+    let table = read_wrapper(&mut pkg, &members.wrapper)?;
+    if table.rows() != constants {
+        return Err(Error::new(
+            Code::ArtifactConstantsMismatch,
+            "metadata constants do not match the package constant table",
+        ));
+    }
+    let declared: u64 = table
+        .constants
+        .iter()
+        .map(|c| c.data_size)
+        .fold(0u64, u64::saturating_add);
+    if table.load_constants_from_blob {
+        let mut largest: Vec<&WrapperConstant> = table.constants.iter().collect();
+        largest.sort_by(|a, b| b.data_size.cmp(&a.data_size).then(a.index.cmp(&b.index)));
+        let top: Vec<String> = largest
+            .iter()
+            .take(5)
+            .map(|c| format!("{} ({} B)", c.fqn(), c.data_size))
+            .collect();
+        return Err(Error::new(
+            Code::ArtifactNotCodeOnly,
+            format!(
+                "AOTInductor package is not code-only: load_constants_from_blob is true for {} constants totalling {declared} B (largest: {})",
+                table.constants.len(),
+                top.join(", ")
+            ),
+        ));
+    }
+    let so = pkg.read(&members.shared_object)?;
+    let info = parse_elf(&so).map_err(|e| e.context(format_args!("{PACKAGE_PREFIX}: {}", members.shared_object)))?;
+    drop(so);
+    match expected_e_machine(machine) {
+        Some(m) if m == info.machine => {}
+        Some(m) => {
+            return Err(Error::new(
+                Code::ArtifactElfMachineMismatch,
+                format!(
+                    "{}: e_machine is {}, but host_isa.machine {machine} requires {m}",
+                    members.shared_object, info.machine
+                ),
+            ))
+        }
+        None => {
+            return Err(Error::new(
+                Code::ArtifactElfMachineMismatch,
+                format!("host_isa.machine {machine:?} has no known ELF machine"),
+            ))
+        }
+    }
+    let lrodata = info.section_size(".lrodata");
+    if declared > 0 && lrodata >= declared {
+        return Err(Error::new(
+            Code::ArtifactNotCodeOnly,
+            format!(
+                "AOTInductor package is not code-only: {}: .lrodata is {lrodata} B, at least the {declared} B declared across {} constants",
+                members.shared_object,
+                table.constants.len()
+            ),
+        ));
+    }
+    Ok(PackageReport {
+        members,
+        table,
+        e_machine: info.machine,
+        lrodata_bytes: lrodata,
+    })
+}
