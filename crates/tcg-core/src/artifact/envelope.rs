@@ -108,7 +108,10 @@ pub fn write_envelope<'a, W: Write>(
     package: MemberSource<'a>,
     literals: Option<MemberSource<'a>>,
 ) -> Result<W> {
-    let mut sizes = vec![(METADATA_MEMBER, metadata.len() as u64), (PACKAGE_MEMBER, package.size)];
+    let mut sizes = vec![
+        (METADATA_MEMBER, metadata.len() as u64),
+        (PACKAGE_MEMBER, package.size),
+    ];
     if let Some(l) = &literals {
         sizes.push((LITERALS_MEMBER, l.size));
     }
@@ -120,9 +123,17 @@ pub fn write_envelope<'a, W: Write>(
         *len += b.len() as u64;
         gz.write(b)
     }
-    put(&mut gz, &tar::header(METADATA_MEMBER, metadata.len() as u64), &mut len)?;
+    put(
+        &mut gz,
+        &tar::header(METADATA_MEMBER, metadata.len() as u64),
+        &mut len,
+    )?;
     put(&mut gz, metadata, &mut len)?;
-    put(&mut gz, &zeros[..tar::padding(metadata.len() as u64)], &mut len)?;
+    put(
+        &mut gz,
+        &zeros[..tar::padding(metadata.len() as u64)],
+        &mut len,
+    )?;
     let mut buf = vec![0u8; CHUNK];
     let mut members = vec![(PACKAGE_MEMBER, package)];
     if let Some(l) = literals {
@@ -136,7 +147,10 @@ pub fn write_envelope<'a, W: Write>(
             let n = match src.reader.read(&mut buf[..want]) {
                 Ok(0) => {
                     let e = std::io::Error::from(std::io::ErrorKind::UnexpectedEof);
-                    return Err(Error::io(format_args!("{name} ended {left} bytes early"), &e));
+                    return Err(Error::io(
+                        format_args!("{name} ended {left} bytes early"),
+                        &e,
+                    ));
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -246,7 +260,12 @@ impl<R: Read> TarStream<R> {
     }
 
     /// `size` data bytes into `sink`, then the NUL padding.
-    fn data(&mut self, name: &str, size: u64, sink: &mut dyn FnMut(&[u8]) -> Result<()>) -> Result<()> {
+    fn data(
+        &mut self,
+        name: &str,
+        size: u64,
+        sink: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
         if self.buf.is_empty() {
             self.buf = vec![0u8; CHUNK];
         }
@@ -339,8 +358,12 @@ fn create_member(stage: &Path, name: &str) -> Result<File> {
 }
 
 fn write_member(file: &mut File, stage: &Path, name: &str, bytes: &[u8]) -> Result<()> {
-    file.write_all(bytes)
-        .map_err(|e| Error::io(format_args!("cannot write {}", stage.join(name).display()), &e))
+    file.write_all(bytes).map_err(|e| {
+        Error::io(
+            format_args!("cannot write {}", stage.join(name).display()),
+            &e,
+        )
+    })
 }
 
 /// The full reader (§6.6 steps 2–8) over `input`, staging the members as

@@ -61,7 +61,10 @@ pub fn check_header(head: &[u8]) -> Result<()> {
     if head[3] != 0 {
         return Err(Error::new(
             Code::ArtifactGzipHeader,
-            format!("envelope gzip header has flags {:#04x}, expected 0", head[3]),
+            format!(
+                "envelope gzip header has flags {:#04x}, expected 0",
+                head[3]
+            ),
         ));
     }
     Ok(())

@@ -51,7 +51,10 @@ pub fn dtype_by_name(name: &str) -> Option<(&'static str, u64)> {
 pub const DIGEST_CHUNK: usize = 1 << 20;
 
 fn payload(m: impl std::fmt::Display) -> Error {
-    Error::new(Code::ArtifactLiteralPayload, format!("literal payload is invalid: {m}"))
+    Error::new(
+        Code::ArtifactLiteralPayload,
+        format!("literal payload is invalid: {m}"),
+    )
 }
 
 fn read_err(path: &Path, e: &std::io::Error) -> Error {
@@ -96,7 +99,8 @@ pub fn verify_payload(path: &Path, rows: &[&ConstantRow], literal_values: &str) 
     }
     let mut header = vec![0u8; n as usize];
     f.read_exact(&mut header).map_err(|e| read_err(path, &e))?;
-    let root = tcg_cj::parse_strict(&header).map_err(|e| payload(format_args!("header is not strict JSON: {e}")))?;
+    let root = tcg_cj::parse_strict(&header)
+        .map_err(|e| payload(format_args!("header is not strict JSON: {e}")))?;
     let Value::Object(root) = root else {
         return Err(payload("header root is not an object"));
     };
@@ -132,7 +136,11 @@ pub fn verify_payload(path: &Path, rows: &[&ConstantRow], literal_values: &str) 
     let mut cursor = 0u64;
     for e in &order {
         if e.start != cursor {
-            let what = if e.start > cursor { "a gap" } else { "an overlap" };
+            let what = if e.start > cursor {
+                "a gap"
+            } else {
+                "an overlap"
+            };
             return Err(payload(format_args!(
                 "{what} at byte {cursor} before tensor {:?}",
                 e.name
@@ -157,7 +165,8 @@ pub fn verify_payload(path: &Path, rows: &[&ConstantRow], literal_values: &str) 
         let mut left = e.end - e.start;
         while left > 0 {
             let take = left.min(DIGEST_CHUNK as u64) as usize;
-            f.read_exact(&mut buf[..take]).map_err(|er| read_err(path, &er))?;
+            f.read_exact(&mut buf[..take])
+                .map_err(|er| read_err(path, &er))?;
             hasher.update(&buf[..take]);
             left -= take as u64;
         }
@@ -172,11 +181,20 @@ pub fn verify_payload(path: &Path, rows: &[&ConstantRow], literal_values: &str) 
     Ok(())
 }
 
-fn check_entry<'a>(name: &'a str, v: &Value, row: &'a ConstantRow, data_size: u64) -> Result<Entry<'a>> {
+fn check_entry<'a>(
+    name: &'a str,
+    v: &Value,
+    row: &'a ConstantRow,
+    data_size: u64,
+) -> Result<Entry<'a>> {
     let m = v
         .as_object()
         .ok_or_else(|| payload(format_args!("entry {name:?} is not an object")))?;
-    if !m.keys().map(String::as_str).eq(["data_offsets", "dtype", "shape"]) {
+    if !m
+        .keys()
+        .map(String::as_str)
+        .eq(["data_offsets", "dtype", "shape"])
+    {
         return Err(payload(format_args!(
             "entry {name:?} must have exactly dtype, shape and data_offsets"
         )));
@@ -184,8 +202,11 @@ fn check_entry<'a>(name: &'a str, v: &Value, row: &'a ConstantRow, data_size: u6
     let code = m["dtype"]
         .as_str()
         .ok_or_else(|| payload(format_args!("entry {name:?} dtype is not a string")))?;
-    let (dtype, item) =
-        dtype_by_code(code).ok_or_else(|| payload(format_args!("entry {name:?} dtype {code:?} is not supported")))?;
+    let (dtype, item) = dtype_by_code(code).ok_or_else(|| {
+        payload(format_args!(
+            "entry {name:?} dtype {code:?} is not supported"
+        ))
+    })?;
     if dtype != row.dtype {
         return Err(payload(format_args!(
             "entry {name:?} dtype {dtype} does not match the declared {}",
@@ -197,10 +218,16 @@ fn check_entry<'a>(name: &'a str, v: &Value, row: &'a ConstantRow, data_size: u6
             .iter()
             .map(|d| match d {
                 Value::Int(x) if *x >= 0 => Ok(*x as u64),
-                _ => Err(payload(format_args!("entry {name:?} shape must be integers >= 0"))),
+                _ => Err(payload(format_args!(
+                    "entry {name:?} shape must be integers >= 0"
+                ))),
             })
             .collect::<Result<Vec<u64>>>()?,
-        _ => return Err(payload(format_args!("entry {name:?} shape is not an array"))),
+        _ => {
+            return Err(payload(format_args!(
+                "entry {name:?} shape is not an array"
+            )))
+        }
     };
     if shape != row.shape {
         return Err(payload(format_args!(
@@ -311,7 +338,8 @@ pub fn write_payload<W: Write>(out: &mut W, tensors: &[LiteralTensor]) -> Result
         header.insert(t.fqn.clone(), Value::Object(e));
         offset = end;
     }
-    let mut h = tcg_cj::to_canonical(&Value::Object(header)).map_err(|e| Error::from_cj(crate::Kind::Admission, &e))?;
+    let mut h = tcg_cj::to_canonical(&Value::Object(header))
+        .map_err(|e| Error::from_cj(crate::Kind::Admission, &e))?;
     while h.len() % 8 != 0 {
         h.push(b' ');
     }

@@ -8,8 +8,8 @@ use tcg_cj::{is_canonical_string, Map, Value};
 use crate::error::{Code, Error, Result};
 use crate::host_isa::HostIsa;
 use crate::identity::{
-    derive_key, is_compiled_graph_key, toolchain_axis, validate_toolchain_block, GraphClassDeclaration, ARTIFACT_KIND,
-    COMPILED_GRAPH_FORMAT,
+    derive_key, is_compiled_graph_key, toolchain_axis, validate_toolchain_block,
+    GraphClassDeclaration, ARTIFACT_KIND, COMPILED_GRAPH_FORMAT,
 };
 
 /// The 9 top-level members.
@@ -119,12 +119,19 @@ impl ConstantRow {
 
     /// Parse and check one row (`artifact.constants_invalid`).
     pub fn from_value(value: &Value) -> Result<ConstantRow> {
-        let bad = |m: String| Error::new(Code::ArtifactConstantsInvalid, format!("constant row is invalid: {m}"));
+        let bad = |m: String| {
+            Error::new(
+                Code::ArtifactConstantsInvalid,
+                format!("constant row is invalid: {m}"),
+            )
+        };
         let map = value
             .as_object()
             .ok_or_else(|| bad(format!("expected an object, got {}", value.type_name())))?;
         if !map.keys().map(String::as_str).eq(CONSTANT_ROW_FIELDS) {
-            return Err(bad(format!("members must be exactly {CONSTANT_ROW_FIELDS:?}")));
+            return Err(bad(format!(
+                "members must be exactly {CONSTANT_ROW_FIELDS:?}"
+            )));
         }
         let text = |k: &str| match &map[k] {
             Value::Str(s) if is_canonical_string(s) => Ok(s.clone()),
@@ -132,8 +139,11 @@ impl ConstantRow {
         };
         let fqn = text("fqn")?;
         let source_text = text("source")?;
-        let source = ConstantSource::parse(&source_text)
-            .ok_or_else(|| bad(format!("source {source_text:?} is not state_dict, computed or literal")))?;
+        let source = ConstantSource::parse(&source_text).ok_or_else(|| {
+            bad(format!(
+                "source {source_text:?} is not state_dict, computed or literal"
+            ))
+        })?;
         let dtype = text("dtype")?;
         let shape = match &map["shape"] {
             Value::Array(dims) => dims
@@ -213,7 +223,9 @@ impl Metadata {
     }
     /// Whether the artifact must carry `constants.safetensors`.
     pub fn has_literal_rows(&self) -> bool {
-        self.constants.iter().any(|r| r.source == ConstantSource::Literal)
+        self.constants
+            .iter()
+            .any(|r| r.source == ConstantSource::Literal)
     }
     /// The validated `host_isa` facts.
     pub fn host_isa(&self) -> &HostIsa {
@@ -255,8 +267,16 @@ fn exact_members(map: &Map, fields: &[&str], what: &str) -> Result<()> {
     if map.keys().map(String::as_str).eq(fields.iter().copied()) {
         return Ok(());
     }
-    let missing: Vec<&str> = fields.iter().copied().filter(|f| !map.contains_key(*f)).collect();
-    let extra: Vec<&str> = map.keys().map(String::as_str).filter(|k| !fields.contains(k)).collect();
+    let missing: Vec<&str> = fields
+        .iter()
+        .copied()
+        .filter(|f| !map.contains_key(*f))
+        .collect();
+    let extra: Vec<&str> = map
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !fields.contains(k))
+        .collect();
     Err(schema(format!(
         "{what} must have exactly {} members (missing {missing:?}, extra {extra:?})",
         fields.len()
@@ -343,9 +363,17 @@ pub fn validate_metadata(bytes: &[u8], has_literals: Option<bool>) -> Result<Met
         .as_object()
         .ok_or_else(|| schema("graph_class must be an object"))?;
     exact_members(gc, &GRAPH_CLASS_FIELDS, "graph_class")?;
-    for k in ["name", "target", "class_hash", "graph_witness", "range_digest"] {
+    for k in [
+        "name",
+        "target",
+        "class_hash",
+        "graph_witness",
+        "range_digest",
+    ] {
         if !matches!(&gc[k], Value::Str(s) if !s.is_empty()) {
-            return Err(schema(format!("graph_class.{k} must be a non-empty string")));
+            return Err(schema(format!(
+                "graph_class.{k} must be a non-empty string"
+            )));
         }
     }
     if !matches!(&gc["graph"], Value::Object(g) if !g.is_empty()) {
@@ -354,8 +382,12 @@ pub fn validate_metadata(bytes: &[u8], has_literals: Option<bool>) -> Result<Met
     // 10. member types
     check_types(gc)?;
     // 11. rebuild the declaration
-    let declaration = GraphClassDeclaration::from_graph_class_value(gc)
-        .map_err(|e| e.rewrap(Code::ArtifactDeclarationInvalid, "graph_class declaration is invalid"))?;
+    let declaration = GraphClassDeclaration::from_graph_class_value(gc).map_err(|e| {
+        e.rewrap(
+            Code::ArtifactDeclarationInvalid,
+            "graph_class declaration is invalid",
+        )
+    })?;
     // 12. canonical forms and class hash
     let canon = declaration.to_graph_class_value(Vec::new());
     for k in ["name", "target", "placement", "fork", "class_dims"] {
@@ -387,16 +419,26 @@ pub fn validate_metadata(bytes: &[u8], has_literals: Option<bool>) -> Result<Met
         .map_err(|e| key_mismatch(e.message().to_owned()))?;
     let key = match &top["compiled_graph_key"] {
         Value::Str(k) if is_compiled_graph_key(k) => k.clone(),
-        _ => return Err(key_mismatch("compiled_graph_key is not a compiled-graph key".into())),
+        _ => {
+            return Err(key_mismatch(
+                "compiled_graph_key is not a compiled-graph key".into(),
+            ))
+        }
     };
     if key != derived {
         return Err(key_mismatch(format!("recorded {key}, derived {derived}")));
     }
     // 14. constant rows
-    let rows = gc["constants"]
-        .as_array()
-        .ok_or_else(|| Error::new(Code::ArtifactConstantsInvalid, "graph_class.constants must be an array"))?;
-    let constants = rows.iter().map(ConstantRow::from_value).collect::<Result<Vec<_>>>()?;
+    let rows = gc["constants"].as_array().ok_or_else(|| {
+        Error::new(
+            Code::ArtifactConstantsInvalid,
+            "graph_class.constants must be an array",
+        )
+    })?;
+    let constants = rows
+        .iter()
+        .map(ConstantRow::from_value)
+        .collect::<Result<Vec<_>>>()?;
     let mut fqns = BTreeSet::new();
     for r in &constants {
         if !fqns.insert(r.fqn.as_str()) {
@@ -407,7 +449,9 @@ pub fn validate_metadata(bytes: &[u8], has_literals: Option<bool>) -> Result<Met
         }
     }
     // 15. literal rows iff literal_values
-    let has_rows = constants.iter().any(|r| r.source == ConstantSource::Literal);
+    let has_rows = constants
+        .iter()
+        .any(|r| r.source == ConstantSource::Literal);
     if has_rows == declaration.literal_values().is_empty() {
         return Err(Error::new(
             Code::ArtifactConstantsInvalid,
@@ -443,7 +487,9 @@ fn check_types(gc: &Map) -> Result<()> {
     let fork_ok = matches!(&gc["fork"], Value::Array(a)
         if a.iter().all(|p| matches!(p, Value::Array(pair) if pair.len() == 2 && pair[0].as_str().is_some())));
     if !fork_ok {
-        return Err(schema("graph_class.fork must be an array of [string, value] pairs"));
+        return Err(schema(
+            "graph_class.fork must be an array of [string, value] pairs",
+        ));
     }
     let dims_ok = matches!(&gc["class_dims"], Value::Array(a)
         if a.iter().all(|p| matches!(p, Value::Array(pair)
@@ -476,7 +522,10 @@ pub fn build_metadata(
     let block = validate_toolchain_block(toolchain, Code::DeclarationToolchainInvalid)?;
     let key = derive_key(declaration.class_hash(), sm, &toolchain_axis(&block))?;
     let mut top = Map::new();
-    top.insert("compiled_graph_format".into(), Value::Int(COMPILED_GRAPH_FORMAT));
+    top.insert(
+        "compiled_graph_format".into(),
+        Value::Int(COMPILED_GRAPH_FORMAT),
+    );
     top.insert("compiled_graph_key".into(), Value::Str(key));
     top.insert(
         "constant_folding_fenced".into(),
@@ -495,6 +544,7 @@ pub fn build_metadata(
     );
     top.insert("sm".into(), Value::Str(sm.into()));
     top.insert("toolchain".into(), toolchain.clone());
-    let bytes = tcg_cj::to_canonical(&Value::Object(top)).map_err(|e| Error::from_cj(crate::Kind::Artifact, &e))?;
+    let bytes = tcg_cj::to_canonical(&Value::Object(top))
+        .map_err(|e| Error::from_cj(crate::Kind::Artifact, &e))?;
     validate_metadata(&bytes, None)
 }

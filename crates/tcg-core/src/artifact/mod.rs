@@ -18,9 +18,13 @@ use std::path::Path;
 
 use tcg_cj::{Map, Value};
 
-pub use envelope::{read_envelope, read_metadata_member, write_envelope, EnvelopeReport, MemberSource, Tee};
+pub use envelope::{
+    read_envelope, read_metadata_member, write_envelope, EnvelopeReport, MemberSource, Tee,
+};
 pub use limits::*;
-pub use metadata::{build_metadata, validate_metadata, ConstantRow, ConstantSource, Metadata, COMPILE_POLICY};
+pub use metadata::{
+    build_metadata, validate_metadata, ConstantRow, ConstantSource, Metadata, COMPILE_POLICY,
+};
 pub use package::{parse_constant_table, verify_package, PackageReport};
 
 use crate::error::{Code, Error, Result};
@@ -31,7 +35,8 @@ use publish::Temp;
 pub type Admission<'a> = &'a mut dyn FnMut(&Metadata) -> Result<()>;
 
 fn open_envelope(path: &Path) -> Result<File> {
-    let f = File::open(path).map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
+    let f = File::open(path)
+        .map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
     let size = f
         .metadata()
         .map_err(|e| Error::io(format_args!("cannot stat {}", path.display()), &e))?
@@ -83,7 +88,11 @@ impl VerifyReport {
 /// (§5.6) as soon as the metadata is known.
 pub fn verify(path: &Path, admit_host: bool) -> Result<VerifyReport> {
     let f = open_envelope(path)?;
-    let host = if admit_host { Some(HostFacts::read()?) } else { None };
+    let host = if admit_host {
+        Some(HostFacts::read()?)
+    } else {
+        None
+    };
     let mut admitted = None;
     let stage = Temp::stage_dir(&std::env::temp_dir().join("tcg-verify"))?;
     let mut admission = |md: &Metadata| -> Result<()> {
@@ -110,7 +119,11 @@ pub fn unpack(path: &Path, dest: &Path, admission: Admission<'_>) -> Result<Enve
 /// then publish without replacing anything. An existing `dest` is refused
 /// (`io.destination_occupied`) and left untouched; no stage remains on any
 /// failure. Stage I/O failures are `io.*` errors, never artifact errors.
-pub fn unpack_from<R: Read>(input: R, dest: &Path, admission: Admission<'_>) -> Result<EnvelopeReport> {
+pub fn unpack_from<R: Read>(
+    input: R,
+    dest: &Path,
+    admission: Admission<'_>,
+) -> Result<EnvelopeReport> {
     publish::refuse_occupied(dest)?;
     let stage = Temp::stage_dir(dest)?;
     let report = read_envelope(input, stage.path(), admission)?;
@@ -130,7 +143,8 @@ pub struct PackReport {
 }
 
 fn open_regular(path: &Path, what: &str) -> Result<(File, u64)> {
-    let f = File::open(path).map_err(|e| Error::io(format_args!("cannot open {what} {}", path.display()), &e))?;
+    let f = File::open(path)
+        .map_err(|e| Error::io(format_args!("cannot open {what} {}", path.display()), &e))?;
     let md = f
         .metadata()
         .map_err(|e| Error::io(format_args!("cannot stat {}", path.display()), &e))?;
@@ -162,7 +176,12 @@ impl<W: Write> Write for Counter<W> {
 
 /// Pack an envelope (§6.8) from a package file, a metadata value and an
 /// optional literal payload file, published at `out` without clobbering.
-pub fn pack(package: &Path, metadata: &Value, literals: Option<&Path>, out: &Path) -> Result<PackReport> {
+pub fn pack(
+    package: &Path,
+    metadata: &Value,
+    literals: Option<&Path>,
+    out: &Path,
+) -> Result<PackReport> {
     let (mut pkg, pkg_size) = open_regular(package, "package")?;
     let mut lit = match literals {
         Some(p) => Some(open_regular(p, "literal payload")?),
@@ -175,7 +194,10 @@ pub fn pack(package: &Path, metadata: &Value, literals: Option<&Path>, out: &Pat
         )
     })?;
     let md = validate_metadata(&bytes, Some(literals.is_some()))?;
-    let mut sizes = vec![(METADATA_MEMBER, bytes.len() as u64), (PACKAGE_MEMBER, pkg_size)];
+    let mut sizes = vec![
+        (METADATA_MEMBER, bytes.len() as u64),
+        (PACKAGE_MEMBER, pkg_size),
+    ];
     if let Some((_, n)) = &lit {
         sizes.push((LITERALS_MEMBER, *n));
     }
@@ -188,7 +210,10 @@ pub fn pack(package: &Path, metadata: &Value, literals: Option<&Path>, out: &Pat
         inner: BufWriter::with_capacity(1 << 20, file),
         n: 0,
     };
-    let lit_src = lit.as_mut().map(|(f, n)| MemberSource { size: *n, reader: f });
+    let lit_src = lit.as_mut().map(|(f, n)| MemberSource {
+        size: *n,
+        reader: f,
+    });
     let sink = write_envelope(
         sink,
         &bytes,
@@ -199,10 +224,12 @@ pub fn pack(package: &Path, metadata: &Value, literals: Option<&Path>, out: &Pat
         lit_src,
     )?;
     let envelope_bytes = sink.n;
-    let file = sink
-        .inner
-        .into_inner()
-        .map_err(|e| Error::io(format_args!("cannot write {}", temp.path().display()), e.error()))?;
+    let file = sink.inner.into_inner().map_err(|e| {
+        Error::io(
+            format_args!("cannot write {}", temp.path().display()),
+            e.error(),
+        )
+    })?;
     file.sync_all()
         .map_err(|e| Error::io(format_args!("cannot fsync {}", temp.path().display()), &e))?;
     drop(file);

@@ -67,7 +67,10 @@ pub fn refuse_occupied(dest: &Path) -> Result<()> {
     match std::fs::symlink_metadata(dest) {
         Ok(_) => Err(occupied(dest)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(format_args!("cannot inspect {}", dest.display()), &e)),
+        Err(e) => Err(Error::io(
+            format_args!("cannot inspect {}", dest.display()),
+            &e,
+        )),
     }
 }
 
@@ -75,7 +78,10 @@ fn occupied(dest: &Path) -> Error {
     Error::io_code(
         Code::IoDestinationOccupied,
         Some(libc::EEXIST),
-        format!("destination {} already exists and is never overwritten", dest.display()),
+        format!(
+            "destination {} already exists and is never overwritten",
+            dest.display()
+        ),
     )
 }
 
@@ -105,7 +111,12 @@ impl Temp {
                     })
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(Error::io(format_args!("cannot create stage {}", path.display()), &e)),
+                Err(e) => {
+                    return Err(Error::io(
+                        format_args!("cannot create stage {}", path.display()),
+                        &e,
+                    ))
+                }
             }
         }
     }
@@ -134,7 +145,12 @@ impl Temp {
                     ))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(Error::io(format_args!("cannot create temp {}", path.display()), &e)),
+                Err(e) => {
+                    return Err(Error::io(
+                        format_args!("cannot create temp {}", path.display()),
+                        &e,
+                    ))
+                }
             }
         }
     }
@@ -160,7 +176,12 @@ impl Temp {
         match std::fs::hard_link(&self.path, dest) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(occupied(dest)),
-            Err(e) => return Err(Error::io(format_args!("cannot publish {}", dest.display()), &e)),
+            Err(e) => {
+                return Err(Error::io(
+                    format_args!("cannot publish {}", dest.display()),
+                    &e,
+                ))
+            }
         }
         drop(self); // removes the temp name
         fsync_parent(dest)
@@ -212,17 +233,26 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> Result<()> {
         Some(libc::EEXIST) | Some(libc::ENOTEMPTY) => Err(occupied(to)),
         Some(libc::ENOSYS) | Some(libc::EINVAL) => match std::fs::rename(from, to) {
             Ok(()) => Ok(()),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) => Err(occupied(to)),
-            Err(e) => Err(Error::io(format_args!("cannot publish {}", to.display()), &e)),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST) | Some(libc::ENOTEMPTY)) => {
+                Err(occupied(to))
+            }
+            Err(e) => Err(Error::io(
+                format_args!("cannot publish {}", to.display()),
+                &e,
+            )),
         },
-        _ => Err(Error::io(format_args!("cannot publish {}", to.display()), &err)),
+        _ => Err(Error::io(
+            format_args!("cannot publish {}", to.display()),
+            &err,
+        )),
     }
 }
 
 /// fsync the directory that holds `path`.
 pub fn fsync_parent(path: &Path) -> Result<()> {
     let (parent, _) = split_destination(path)?;
-    let dir = File::open(&parent).map_err(|e| Error::io(format_args!("cannot open {}", parent.display()), &e))?;
+    let dir = File::open(&parent)
+        .map_err(|e| Error::io(format_args!("cannot open {}", parent.display()), &e))?;
     dir.sync_all()
         .map_err(|e| Error::io(format_args!("cannot fsync {}", parent.display()), &e))
 }

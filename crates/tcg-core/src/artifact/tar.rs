@@ -42,7 +42,11 @@ pub fn header(name: &str, size: u64) -> [u8; BLOCK] {
 fn checksum(h: &[u8; BLOCK]) -> u32 {
     let mut sum: u32 = 0;
     for (i, &b) in h.iter().enumerate() {
-        sum += if (148..156).contains(&i) { b' ' as u32 } else { b as u32 };
+        sum += if (148..156).contains(&i) {
+            b' ' as u32
+        } else {
+            b as u32
+        };
     }
     sum
 }
@@ -133,7 +137,10 @@ pub fn check_fields(h: &[u8; BLOCK], name: &str) -> Result<u64> {
     }
     let ck = &h[148..156];
     if ck[6] != 0 || ck[7] != b' ' || !ck[..6].iter().all(|b| (b'0'..=b'7').contains(b)) {
-        return Err(tar_header(name, "checksum is not 6 octal digits, NUL and space"));
+        return Err(tar_header(
+            name,
+            "checksum is not 6 octal digits, NUL and space",
+        ));
     }
     let mut stated: u32 = 0;
     for &b in &ck[..6] {

@@ -107,13 +107,19 @@ pub fn parse_elf(b: &[u8]) -> Result<ElfInfo> {
     let shnum = u16_at(b, 0x3c)? as u64;
     let shstrndx = u16_at(b, 0x3e)? as u64;
     if shoff < 64 {
-        return Err(invalid(format_args!("e_shoff {shoff} lies inside the ELF header")));
+        return Err(invalid(format_args!(
+            "e_shoff {shoff} lies inside the ELF header"
+        )));
     }
     if shnum == 0 {
-        return Err(invalid("e_shnum is 0 (extended section numbering is unsupported)"));
+        return Err(invalid(
+            "e_shnum is 0 (extended section numbering is unsupported)",
+        ));
     }
     if shentsize < 64 {
-        return Err(invalid(format_args!("e_shentsize {shentsize} is smaller than 64")));
+        return Err(invalid(format_args!(
+            "e_shentsize {shentsize} is smaller than 64"
+        )));
     }
     if shstrndx >= shnum {
         return Err(invalid(format_args!(
@@ -158,7 +164,8 @@ pub fn parse_elf(b: &[u8]) -> Result<ElfInfo> {
             st.size
         )));
     }
-    let strtab = slice(b, st.offset, st.size).map_err(|_| invalid("section name table lies outside the file"))?;
+    let strtab = slice(b, st.offset, st.size)
+        .map_err(|_| invalid("section name table lies outside the file"))?;
     let mut section_sizes: BTreeMap<String, u64> = BTreeMap::new();
     for (i, sh) in sections.iter().enumerate() {
         if sh.kind != SHT_NULL && sh.kind != SHT_NOBITS {
@@ -178,8 +185,8 @@ pub fn parse_elf(b: &[u8]) -> Result<ElfInfo> {
             .iter()
             .position(|&c| c == 0)
             .ok_or_else(|| invalid(format_args!("section {i} name is not NUL-terminated")))?;
-        let name =
-            std::str::from_utf8(&rest[..nul]).map_err(|_| invalid(format_args!("section {i} name is not UTF-8")))?;
+        let name = std::str::from_utf8(&rest[..nul])
+            .map_err(|_| invalid(format_args!("section {i} name is not UTF-8")))?;
         if name == ".lrodata" && sh.kind != SHT_PROGBITS {
             return Err(invalid(format_args!(
                 ".lrodata section {i} has type {}, expected PROGBITS",
@@ -189,7 +196,10 @@ pub fn parse_elf(b: &[u8]) -> Result<ElfInfo> {
         let total = section_sizes.entry(name.to_owned()).or_insert(0);
         *total = total.saturating_add(sh.size);
     }
-    Ok(ElfInfo { machine, section_sizes })
+    Ok(ElfInfo {
+        machine,
+        section_sizes,
+    })
 }
 
 /// A minimal valid ELF64 little-endian shared object for tests and the

@@ -38,7 +38,10 @@ pub struct Layout {
 }
 
 fn layout_err(what: impl std::fmt::Display) -> Error {
-    Error::new(Code::ArtifactPackageLayout, format!("{PACKAGE_PREFIX}: {what}"))
+    Error::new(
+        Code::ArtifactPackageLayout,
+        format!("{PACKAGE_PREFIX}: {what}"),
+    )
 }
 
 fn zip_err(what: impl std::fmt::Display) -> Error {
@@ -66,15 +69,21 @@ pub fn layout_of(name: &str) -> Result<Option<Layout>> {
         )));
     }
     let Some((entry, filename)) = rest.rsplit_once('/') else {
-        return Err(layout_err(format_args!("member {name:?} has no entry directory")));
+        return Err(layout_err(format_args!(
+            "member {name:?} has no entry directory"
+        )));
     };
     if filename.is_empty() {
-        return Err(layout_err(format_args!("member {name:?} has an empty file name")));
+        return Err(layout_err(format_args!(
+            "member {name:?} has an empty file name"
+        )));
     }
     let bad_entry = entry.is_empty()
         || entry.contains('\\')
         || entry.contains('\0')
-        || entry.split('/').any(|c| c.is_empty() || c == "." || c == "..");
+        || entry
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..");
     if bad_entry {
         return Err(layout_err(format_args!(
             "member {name:?} has an unsafe entry {entry:?}"
@@ -99,7 +108,8 @@ impl Package {
     /// encryption, only stored and deflate members (`artifact.package_zip`).
     /// Failing to open the file at all is an I/O error.
     pub fn open(path: &Path) -> Result<Package> {
-        let file = File::open(path).map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
+        let file = File::open(path)
+            .map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
         let mut archive = zip::ZipArchive::new(file).map_err(zip_err)?;
         if archive.has_duplicate_names() {
             return Err(zip_err("duplicate member names"));
@@ -112,7 +122,10 @@ impl Package {
             if f.encrypted() {
                 return Err(zip_err(format_args!("member {name:?} is encrypted")));
             }
-            if !matches!(f.compression(), CompressionMethod::Stored | CompressionMethod::Deflated) {
+            if !matches!(
+                f.compression(),
+                CompressionMethod::Stored | CompressionMethod::Deflated
+            ) {
                 return Err(zip_err(format_args!(
                     "member {name:?} uses compression method {:?}; only stored and deflate are allowed",
                     f.compression()
@@ -162,7 +175,10 @@ impl Package {
                 if l.filename.ends_with(".wrapper.cpp") {
                     owners.insert(l.entry.clone());
                 }
-                files.entry(l.entry).or_default().push((l.filename, name.clone()));
+                files
+                    .entry(l.entry)
+                    .or_default()
+                    .push((l.filename, name.clone()));
             }
         }
         if roots.len() > 1 {
@@ -294,7 +310,8 @@ pub fn verify_package_facts(
         ));
     }
     let so = pkg.read(&members.shared_object)?;
-    let info = parse_elf(&so).map_err(|e| e.context(format_args!("{PACKAGE_PREFIX}: {}", members.shared_object)))?;
+    let info = parse_elf(&so)
+        .map_err(|e| e.context(format_args!("{PACKAGE_PREFIX}: {}", members.shared_object)))?;
     drop(so);
     match expected_e_machine(machine) {
         Some(m) if m == info.machine => {}

@@ -80,7 +80,10 @@ impl WrapperTable {
 }
 
 fn fail(what: impl std::fmt::Display) -> Error {
-    Error::new(Code::ArtifactWrapperParse, format!("wrapper constant table: {what}"))
+    Error::new(
+        Code::ArtifactWrapperParse,
+        format!("wrapper constant table: {what}"),
+    )
 }
 
 const PREFIX: &str = "constants_info_[";
@@ -288,7 +291,9 @@ fn parse_constructor(text: &str) -> Result<(u64, bool)> {
     }
     let count = args[2];
     if count.is_empty() || !count.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(fail(format_args!("constant count argument {count:?} is not digits")));
+        return Err(fail(format_args!(
+            "constant count argument {count:?} is not digits"
+        )));
     }
     let count: u64 = count
         .parse()
@@ -315,7 +320,10 @@ fn parse_shape(inner: &str) -> std::result::Result<Vec<u64>, String> {
         if !part.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("shape element {part:?} is not digits"));
         }
-        dims.push(part.parse().map_err(|_| format!("shape element {part} is too large"))?);
+        dims.push(
+            part.parse()
+                .map_err(|_| format!("shape element {part} is too large"))?,
+        );
     }
     Ok(dims)
 }
@@ -335,12 +343,21 @@ pub fn parse_wrapper_text(text: &str) -> Result<WrapperTable> {
             .map_err(|_| fail(format_args!("constant index {idx} is too large")))?;
         let fields = by_index.entry(index).or_default();
         if fields.insert(field, value).is_some() {
-            return Err(fail(format_args!("constants_info_[{index}].{field} is assigned twice")));
+            return Err(fail(format_args!(
+                "constants_info_[{index}].{field} is assigned twice"
+            )));
         }
     }
     let have: BTreeSet<u64> = by_index.keys().copied().collect();
-    let missing: Vec<u64> = (0..declared_count).filter(|i| !have.contains(i)).take(16).collect();
-    let unexpected: Vec<u64> = have.iter().copied().filter(|&i| i >= declared_count).collect();
+    let missing: Vec<u64> = (0..declared_count)
+        .filter(|i| !have.contains(i))
+        .take(16)
+        .collect();
+    let unexpected: Vec<u64> = have
+        .iter()
+        .copied()
+        .filter(|&i| i >= declared_count)
+        .collect();
     if !missing.is_empty() || !unexpected.is_empty() {
         return Err(fail(format_args!(
             "indices do not match declared count {declared_count} (missing {missing:?}, unexpected {unexpected:?})"
@@ -349,13 +366,20 @@ pub fn parse_wrapper_text(text: &str) -> Result<WrapperTable> {
     let mut constants = Vec::with_capacity(by_index.len());
     for (index, mut fields) in by_index {
         let required = ["name", "data_size", "from_folded", "type", "dtype", "shape"];
-        let lacking: Vec<&str> = required.into_iter().filter(|f| !fields.contains_key(f)).collect();
+        let lacking: Vec<&str> = required
+            .into_iter()
+            .filter(|f| !fields.contains_key(f))
+            .collect();
         if !lacking.is_empty() {
             return Err(fail(format_args!(
                 "constant {index}: missing required fields {lacking:?}"
             )));
         }
-        let bad = |field: &str, want: &str| fail(format_args!("constants_info_[{index}].{field} must be {want}"));
+        let bad = |field: &str, want: &str| {
+            fail(format_args!(
+                "constants_info_[{index}].{field} must be {want}"
+            ))
+        };
         let name = match fields.remove("name") {
             Some(Parsed::Field(FieldValue::Quoted(s))) => s,
             _ => return Err(bad("name", "a quoted string")),
@@ -366,7 +390,9 @@ pub fn parse_wrapper_text(text: &str) -> Result<WrapperTable> {
             _ => return Err(bad("original_fqn", "a quoted string")),
         };
         let data_size = match fields.remove("data_size") {
-            Some(Parsed::Field(FieldValue::Digits(d))) => d.parse().map_err(|_| bad("data_size", "a u64"))?,
+            Some(Parsed::Field(FieldValue::Digits(d))) => {
+                d.parse().map_err(|_| bad("data_size", "a u64"))?
+            }
             _ => return Err(bad("data_size", "digits")),
         };
         let from_folded = match fields.remove("from_folded") {
@@ -380,7 +406,9 @@ pub fn parse_wrapper_text(text: &str) -> Result<WrapperTable> {
         let constant_type = ident(fields.remove("type"));
         let dtype = ident(fields.remove("dtype"));
         let shape = match fields.remove("shape") {
-            Some(Parsed::Shape(s)) => parse_shape(&s).map_err(|m| fail(format_args!("constant {index}: {m}")))?,
+            Some(Parsed::Shape(s)) => {
+                parse_shape(&s).map_err(|m| fail(format_args!("constant {index}: {m}")))?
+            }
             _ => unreachable!("shape form captures its braces"),
         };
         constants.push(WrapperConstant {
@@ -410,7 +438,9 @@ pub fn parse_wrapper(bytes: &[u8]) -> Result<WrapperTable> {
 /// Render a wrapper text with the given constructor facts and constants, in
 /// the shape torch emits (for tests, the corpus generator and benchmarks).
 pub fn synthetic_wrapper(load_constants_from_blob: bool, constants: &[WrapperConstant]) -> String {
-    let mut s = String::from("// synthetic AOTInductor wrapper\n#include <cstdint>\nnamespace torch::aot_inductor {\n");
+    let mut s = String::from(
+        "// synthetic AOTInductor wrapper\n#include <cstdint>\nnamespace torch::aot_inductor {\n",
+    );
     s.push_str(&format!(
         "AOTInductorModel::AOTInductorModel(std::shared_ptr<ConstantMap> constants_map,\n    std::optional<std::string> cubin_dir)\n    : AOTInductorModelBase(1,\n                           1,\n                           {},\n                           device_str,\n                           std::move(cubin_dir),\n                           {}) {{\n",
         constants.len(),
@@ -419,21 +449,35 @@ pub fn synthetic_wrapper(load_constants_from_blob: bool, constants: &[WrapperCon
     for c in constants {
         let i = c.index;
         let dims: Vec<String> = c.shape.iter().map(u64::to_string).collect();
-        s.push_str(&format!("    constants_info_[{i}].name = \"{}\";\n", c.name));
+        s.push_str(&format!(
+            "    constants_info_[{i}].name = \"{}\";\n",
+            c.name
+        ));
         s.push_str(&format!(
             "    constants_info_[{i}].dtype = cached_torch_dtype_{};\n",
             c.dtype
         ));
         s.push_str(&format!("    constants_info_[{i}].offset = 0;\n"));
-        s.push_str(&format!("    constants_info_[{i}].data_size = {};\n", c.data_size));
-        s.push_str(&format!("    constants_info_[{i}].from_folded = {};\n", c.from_folded));
+        s.push_str(&format!(
+            "    constants_info_[{i}].data_size = {};\n",
+            c.data_size
+        ));
+        s.push_str(&format!(
+            "    constants_info_[{i}].from_folded = {};\n",
+            c.from_folded
+        ));
         s.push_str(&format!(
             "    constants_info_[{i}].type = static_cast<int32_t>(torch::aot_inductor::ConstantType::{});\n",
             c.constant_type
         ));
-        s.push_str(&format!("    constants_info_[{i}].shape = {{{}}};\n", dims.join(", ")));
+        s.push_str(&format!(
+            "    constants_info_[{i}].shape = {{{}}};\n",
+            dims.join(", ")
+        ));
         if let Some(f) = &c.original_fqn {
-            s.push_str(&format!("    constants_info_[{i}].original_fqn = \"{f}\";\n"));
+            s.push_str(&format!(
+                "    constants_info_[{i}].original_fqn = \"{f}\";\n"
+            ));
         }
     }
     s.push_str("}\n} // namespace torch::aot_inductor\n");
@@ -459,7 +503,11 @@ mod tests {
 
     #[test]
     fn the_synthetic_wrapper_round_trips() {
-        let rows = vec![row(0, "Parameter"), row(1, "FoldedConstant"), row(2, "TensorConstant")];
+        let rows = vec![
+            row(0, "Parameter"),
+            row(1, "FoldedConstant"),
+            row(2, "TensorConstant"),
+        ];
         let t = parse_wrapper_text(&synthetic_wrapper(false, &rows)).unwrap();
         assert_eq!(t.declared_count, 3);
         assert!(!t.load_constants_from_blob);
@@ -509,6 +557,9 @@ mod tests {
                 "case {i}"
             );
         }
-        assert_eq!(parse_wrapper(b"\xff").unwrap_err().code(), Code::ArtifactWrapperParse);
+        assert_eq!(
+            parse_wrapper(b"\xff").unwrap_err().code(),
+            Code::ArtifactWrapperParse
+        );
     }
 }
