@@ -153,6 +153,8 @@ codes! {
     StoreFormatUnsupported => Storage, "store.format_unsupported";
     StoreNetworkFilesystem => Storage, "store.network_filesystem";
     StoreGcAborted => Storage, "store.gc_aborted";
+    /// A manifest object breaks the manifest rules (evidence against stored bytes).
+    StoreManifestInvalid => Storage, "store.manifest_invalid";
 
     QuarantinePresent => Quarantined, "quarantine.present";
     QuarantineExportVerification => Quarantined, "quarantine.export_verification";
@@ -299,7 +301,11 @@ mod tests {
             assert!(seen.insert(s), "duplicate {s}");
             let (area, slug) = s.split_once('.').unwrap();
             assert!(!area.is_empty() && !slug.is_empty());
-            assert!(slug.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'), "{s}");
+            assert!(
+                slug.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "{s}"
+            );
             assert_eq!(Code::from_str_code(s), Some(*code));
         }
     }

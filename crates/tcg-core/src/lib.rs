@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod artifact;
+pub mod engine;
 pub mod error;
 pub mod host_isa;
 pub mod identity;

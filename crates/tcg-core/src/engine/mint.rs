@@ -1,0 +1,153 @@
+//! The miss path of `ensure` (SPEC-v1 §10.3): single-flight, the caller's
+//! mint callback, packing, publication, resolution and the plan check.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use tcg_cj::Value;
+
+use super::{check_key, store_err, Engine, EnsureOutcome, EnsureResult, Request, Resolved, StoreOutcome, StoreResult};
+use crate::artifact::literals::{write_payload, LiteralTensor};
+use crate::artifact::metadata::build_metadata;
+use crate::artifact::publish::Temp;
+use crate::artifact::{pack, parse_constant_table, Metadata};
+use crate::host_isa::HostIsa;
+use crate::identity::{toolchain_axis, validate_toolchain_block, GraphClassDeclaration};
+use crate::{Code, Error, Kind, Result};
+
+/// A literal constant's value, written into `constants.safetensors`.
+pub type MintedLiteral = LiteralTensor;
+
+/// What a mint callback hands back: a compiled package and the facts it was
+/// compiled under.
+#[derive(Debug, Clone)]
+pub struct MintOutput {
+    /// The AOTInductor package (`model.pt2`) the compile produced.
+    pub package: PathBuf,
+    /// The declaration the compile was planned from.
+    pub declaration: GraphClassDeclaration,
+    /// The `sm` axis of the runtime.
+    pub sm: String,
+    /// The runtime's toolchain block.
+    pub toolchain: Value,
+    /// The host-ISA requirement the compile was clamped to.
+    pub host_isa: HostIsa,
+    /// Values of the package's literal constants, by wrapper fqn.
+    pub literals: Vec<MintedLiteral>,
+}
+
+fn plan_mismatches(md: &Metadata, plan: &MintOutput, key: &str) -> Vec<&'static str> {
+    let got = md.declaration();
+    let want = &plan.declaration;
+    let mut bad = Vec::new();
+    let mut check = |name: &'static str, same: bool| {
+        if !same {
+            bad.push(name);
+        }
+    };
+    check("target", got.target() == want.target());
+    check("class_hash", got.class_hash() == want.class_hash());
+    check("graph", got.graph() == want.graph());
+    check("graph_witness", got.graph_witness() == want.graph_witness());
+    check("range_digest", got.range_digest() == want.range_digest());
+    check("fork", got.fork() == want.fork());
+    check("class_dims", got.class_dims() == want.class_dims());
+    check("strict", got.strict() == want.strict());
+    check("lora_bucket", got.lora_bucket() == want.lora_bucket());
+    check("literal_values", got.literal_values() == want.literal_values());
+    check("placement", got.placement() == want.placement());
+    check("sm", md.sm() == plan.sm);
+    let planned_axis = validate_toolchain_block(&plan.toolchain, Code::DeclarationToolchainInvalid)
+        .map(|b| toolchain_axis(&b))
+        .unwrap_or_default();
+    check("toolchain", toolchain_axis(md.toolchain()) == planned_axis);
+    check("compiled_graph_key", md.key() == key);
+    bad
+}
+
+impl Engine {
+    fn hit(&self, key: &str, destination: &Path, request: &Request) -> Result<Option<Resolved>> {
+        match self.resolve_with(key, destination, Some(request)) {
+            Ok(found) => Ok(found),
+            Err(e) if e.kind() == Kind::Quarantined => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Resolve `key`, and on a miss mint it once (SPEC-v1 §10.3). `mint` is
+    /// called at most once, only on a miss, while this process holds the key's
+    /// single-flight lock; it runs the caller's recipe and the sole compile
+    /// policy and returns the package and its facts.
+    pub fn ensure(
+        &self,
+        key: &str,
+        destination: &Path,
+        request: &Request,
+        mint: &mut dyn FnMut() -> Result<MintOutput>,
+    ) -> Result<EnsureResult> {
+        check_key(key)?;
+        if let Some(resolved) = self.hit(key, destination, request)? {
+            return Ok(EnsureResult { outcome: EnsureOutcome::Reused, resolved, publication: None });
+        }
+        let _lock = self.store.lock_named(key, self.lock_timeout).map_err(store_err)?;
+        if let Some(resolved) = self.hit(key, destination, request)? {
+            return Ok(EnsureResult { outcome: EnsureOutcome::Reused, resolved, publication: None });
+        }
+        let plan = mint()?;
+        let publication = self.publish_mint(key, &plan)?;
+        let resolved = self.resolve_with(key, destination, Some(request))?.ok_or_else(|| {
+            Error::new(Code::StoreRefMoved, format!("the record of {key} disappeared after publication"))
+        })?;
+        let bad = plan_mismatches(&resolved.metadata, &plan, key);
+        if !bad.is_empty() {
+            return Err(Error::new(
+                Code::AdmissionPlanMismatch,
+                format!("artifact does not satisfy the exact graph plan: {}", bad.join(", ")),
+            ));
+        }
+        let outcome = if publication.outcome == StoreOutcome::Divergent {
+            EnsureOutcome::Reused
+        } else {
+            EnsureOutcome::Minted
+        };
+        Ok(EnsureResult { outcome, resolved, publication: Some(publication) })
+    }
+
+    /// Pack a minted package with its metadata and literal payload, verify the
+    /// envelope once while ingesting it, and publish it under `key`.
+    pub fn publish_mint(&self, key: &str, plan: &MintOutput) -> Result<StoreResult> {
+        check_key(key)?;
+        let rows = parse_constant_table(&plan.package)?;
+        let metadata = build_metadata(&plan.declaration, &rows, &plan.sm, &plan.toolchain, &plan.host_isa)?;
+        if metadata.key() != key {
+            return Err(Error::new(
+                Code::AdmissionRecipeKeyMismatch,
+                format!("lazy recipe derives {}, not requested key {key:?}", metadata.key()),
+            ));
+        }
+        let work = Temp::stage_dir(&self.store.root().join("tmp").join("mint"))?;
+        let payload = if plan.literals.is_empty() {
+            None
+        } else {
+            let path = work.path().join(crate::artifact::LITERALS_MEMBER);
+            let mut f = File::create(&path).map_err(|e| Error::io(format_args!("cannot create {}", path.display()), &e))?;
+            write_payload(&mut f, &plan.literals).map_err(|e| {
+                if e.kind() == Kind::Io {
+                    e
+                } else {
+                    Error::new(Code::AdmissionLiteralSerialize, format!("cannot serialise literal constants: {}", e.message()))
+                }
+            })?;
+            Some(path)
+        };
+        let envelope = work.path().join(crate::artifact::ENVELOPE_FILE_NAME);
+        pack(&plan.package, &Value::Object(metadata.value().clone()), payload.as_deref(), &envelope)?;
+        let lease = self.store.lease().map_err(store_err)?;
+        let file = File::open(&envelope).map_err(|e| Error::io(format_args!("cannot open {}", envelope.display()), &e))?;
+        let (m, _report) = self.ingest_verified(&lease, file, key, true)?;
+        let result = self.decide(&lease, key, m)?;
+        lease.end().map_err(store_err)?;
+        drop(work);
+        Ok(result)
+    }
+}

@@ -1,0 +1,208 @@
+//! The engine (SPEC-v1 §10): resolve, ensure, import and export over the
+//! content-addressed store, with host admission, quarantine and repair, and
+//! single-flight minting.
+//!
+//! The engine never imports torch and never calls a compiler itself: on a
+//! miss, [`Engine::ensure`] calls the caller's mint callback (the Python layer
+//! runs the recipe and the sole compile policy there) and then packs,
+//! verifies, stores and resolves what it returns.
+
+mod destination;
+mod export;
+mod mint;
+mod publish;
+mod quarantine;
+mod resolve;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tcg_cas::{Digest, Store, StoreError, GRAPH_REF_PREFIX, QUARANTINE_REF_PREFIX};
+
+use crate::artifact::Metadata;
+use crate::identity::is_compiled_graph_key;
+use crate::{Code, Error, Result};
+
+pub use mint::{MintOutput, MintedLiteral};
+
+/// What publication decided (SPEC-v1 §10.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOutcome {
+    /// The key was absent; the candidate now serves it.
+    Stored,
+    /// The candidate is what already serves the key.
+    Present,
+    /// A quarantined or unreadable record was replaced, or its marker retired.
+    Repaired,
+    /// A healthy, different artifact serves the key; the candidate was set aside.
+    Divergent,
+}
+
+impl StoreOutcome {
+    /// The outcome's name, as the Python enum spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreOutcome::Stored => "STORED",
+            StoreOutcome::Present => "PRESENT",
+            StoreOutcome::Repaired => "REPAIRED",
+            StoreOutcome::Divergent => "DIVERGENT",
+        }
+    }
+}
+
+/// The result of publishing a verified artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreResult {
+    /// The publication verdict.
+    pub outcome: StoreOutcome,
+    /// The key.
+    pub key: String,
+    /// The manifest digest of the candidate envelope (64 hex).
+    pub manifest: String,
+}
+
+/// Whether `ensure` reused a stored artifact or minted one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnsureOutcome {
+    /// Served from the store; the mint callback was not called (or lost a race).
+    Reused,
+    /// Compiled, stored and resolved by this call.
+    Minted,
+}
+
+impl EnsureOutcome {
+    /// The outcome's name, as the Python enum spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnsureOutcome::Reused => "REUSED",
+            EnsureOutcome::Minted => "MINTED",
+        }
+    }
+}
+
+/// A resolved artifact, unpacked and admitted at `destination`.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The key.
+    pub key: String,
+    /// The published directory.
+    pub destination: PathBuf,
+    /// The validated metadata.
+    pub metadata: Metadata,
+    /// The manifest digest of the envelope that was selected (64 hex).
+    pub manifest: String,
+}
+
+/// The result of `ensure`.
+#[derive(Debug, Clone)]
+pub struct EnsureResult {
+    /// Reused or minted.
+    pub outcome: EnsureOutcome,
+    /// What was resolved at the destination.
+    pub resolved: Resolved,
+    /// The publication result on the miss path; `None` on a hit.
+    pub publication: Option<StoreResult>,
+}
+
+/// What an `ensure` caller requests (SPEC-v1 §4.5): a target and a toolchain block.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// `cpu` or `sm_NN[a]`, lower-cased and trimmed by [`Request::new`].
+    pub target: String,
+    /// The requested toolchain block.
+    pub toolchain: std::collections::BTreeMap<String, String>,
+}
+
+impl Request {
+    /// Validate a request: a non-empty target and a valid toolchain block,
+    /// else `admission.request_invalid`.
+    pub fn new(target: &str, toolchain: &tcg_cj::Value) -> Result<Request> {
+        let invalid = || Error::new(Code::AdmissionRequestInvalid, "ensure requires target and a recorded toolchain block");
+        let target = tcg_cj::trim_w(target).to_lowercase();
+        if target.is_empty() {
+            return Err(invalid());
+        }
+        let toolchain = crate::identity::validate_toolchain_block(toolchain, Code::AdmissionRequestInvalid)
+            .map_err(|e| invalid().context(e.message()))?;
+        Ok(Request { target, toolchain })
+    }
+
+    /// The request check on a stored artifact (SPEC-v1 §4.5).
+    pub fn admit(&self, metadata: &Metadata) -> Result<()> {
+        let sm = metadata.sm();
+        if !(sm == self.target || (self.target == "cpu" && sm.starts_with("cpu-"))) {
+            return Err(Error::new(
+                Code::AdmissionTargetMismatch,
+                format!("stored artifact is for sm {sm:?}, requested target is {:?}", self.target),
+            ));
+        }
+        let stored = crate::identity::toolchain_axis(metadata.toolchain());
+        let wanted = crate::identity::toolchain_axis(&self.toolchain);
+        if stored != wanted {
+            return Err(Error::new(
+                Code::AdmissionToolchainMismatch,
+                format!("stored artifact was compiled by toolchain {stored}, requested toolchain is {wanted}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The engine over one store root.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    store: Store,
+    lock_timeout: Option<Duration>,
+}
+
+impl Engine {
+    /// Open (creating if needed) the store at `root`.
+    pub fn open(root: impl AsRef<Path>) -> Result<Engine> {
+        let store = Store::open(root.as_ref()).map_err(store_err)?;
+        Ok(Engine { store, lock_timeout: None })
+    }
+
+    /// Wait at most `timeout` for another process's mint of the same key
+    /// (`store.mint_lock_timeout`); `None` waits indefinitely.
+    pub fn with_lock_timeout(mut self, timeout: Option<Duration>) -> Engine {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+/// `store.key_invalid` unless `key` is a compiled-graph key (SPEC-v1 §10.1).
+pub fn check_key(key: &str) -> Result<()> {
+    if is_compiled_graph_key(key) {
+        Ok(())
+    } else {
+        Err(Error::new(
+            Code::StoreKeyInvalid,
+            format!("v1 storage requires a compiled-graph key, got {key:?}"),
+        ))
+    }
+}
+
+/// The graph ref of a key (wire identity, SPEC-v1 §9.5).
+pub fn graph_ref(key: &str) -> String {
+    format!("{GRAPH_REF_PREFIX}{key}")
+}
+
+/// The quarantine ref of (key, manifest) (wire identity, SPEC-v1 §9.5).
+pub fn quarantine_ref(key: &str, manifest: &Digest) -> String {
+    format!("{QUARANTINE_REF_PREFIX}{key}/{}", manifest.to_hex())
+}
+
+/// Map a store error to the core error with the same code.
+pub fn store_err(err: StoreError) -> Error {
+    let message = err.to_string();
+    match &err {
+        StoreError::Io { source, .. } => Error::io_code(Code::IoError, source.raw_os_error(), message),
+        StoreError::DestinationOccupied { .. } => Error::io_code(Code::IoDestinationOccupied, Some(17), message),
+        _ => Error::new(Code::from_str_code(err.code()).unwrap_or(Code::StoreRefInvalid), message),
+    }
+}

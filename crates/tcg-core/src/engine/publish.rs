@@ -1,0 +1,173 @@
+//! Publication (SPEC-v1 §10.4) and import (§10.6): ingest an envelope into the
+//! store in the same pass that verifies it, then decide first-writer-wins.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::Path;
+
+use tcg_cas::{CasOutcome, ChunkedWriter, Digest, Lease, Target};
+
+use super::resolve::{classify_read, host_facts, Evidence, Verdict};
+use super::{check_key, graph_ref, store_err, Engine, StoreOutcome, StoreResult};
+use crate::artifact::envelope::Tee;
+use crate::artifact::metadata::format_of;
+use crate::artifact::publish::Temp;
+use crate::artifact::{read_envelope, read_metadata_member, EnvelopeReport, Metadata};
+use crate::{Code, Error, Result};
+
+/// Why an incumbent record may be replaced.
+fn replaceable(engine: &Engine, lease: &Lease, key: &str, current: &Digest) -> Result<bool> {
+    if engine.quarantine_marker(key, current)?.is_some() {
+        return Ok(true);
+    }
+    // An unreadable format (manifest or metadata) is replaced like a quarantined record.
+    let reader = match engine.store.open_file(lease, current, true) {
+        Ok(r) => r,
+        Err(tcg_cas::StoreError::RecordFormatUnsupported { .. }) => return Ok(true),
+        Err(e) => return Err(store_err(e)),
+    };
+    match read_metadata_member(reader) {
+        Ok(bytes) => Ok(matches!(format_of(&bytes), Some(f) if f != crate::identity::COMPILED_GRAPH_FORMAT)),
+        // A healthy-looking incumbent whose bytes fail here is for resolve to
+        // quarantine; publication only replaces what is already marked.
+        Err(_) => Ok(false),
+    }
+}
+
+impl Engine {
+    /// Stream `input` (an envelope) into the store while verifying it fully,
+    /// staging members beside the store's temp area. Returns the manifest and
+    /// the report; `admission` runs on the metadata before any ref is written.
+    pub(crate) fn ingest_verified(
+        &self,
+        lease: &Lease,
+        input: impl Read,
+        key: &str,
+        admit_host: bool,
+    ) -> Result<(Digest, EnvelopeReport)> {
+        let mut writer: ChunkedWriter<'_> = self.store.chunked_writer(lease);
+        let mut sink_error: Option<Error> = None;
+        let stage_dest = self.store.root().join("tmp").join(format!("{}.verify", lease.id()));
+        let stage = Temp::stage_dir(&stage_dest)?;
+        let host = if admit_host { Some(host_facts()?) } else { None };
+        let mut admission = |md: &Metadata| -> Result<()> {
+            if md.key() != key {
+                return Err(Error::new(
+                    Code::StoreKeyMismatch,
+                    format!("artifact states key {}, expected {key}", md.key()),
+                ));
+            }
+            if let Some(host) = host {
+                md.host_isa().admit_on(host)?;
+            }
+            Ok(())
+        };
+        let tee = Tee::new(input, |bytes: &[u8]| {
+            writer.write_all(bytes).map_err(|e| {
+                let kind = e.kind();
+                let errno = e.raw_os_error();
+                sink_error = Some(store_err(tcg_cas::StoreError::from_io(e, "ingest", "envelope")));
+                match errno {
+                    Some(n) => std::io::Error::from_raw_os_error(n),
+                    None => std::io::Error::from(kind),
+                }
+            })
+        });
+        let report = read_envelope(tee, stage.path(), &mut admission);
+        drop(stage);
+        if let Some(e) = sink_error {
+            return Err(e);
+        }
+        let report = report?;
+        let info = writer.finish().map_err(store_err)?;
+        Ok((info.manifest, report))
+    }
+
+    /// Publish manifest `m` for `key` first-writer-wins (SPEC-v1 §10.4 step 3).
+    pub(crate) fn decide(&self, lease: &Lease, key: &str, m: Digest) -> Result<StoreResult> {
+        let name = graph_ref(key);
+        let desired = Target::manifest(m);
+        let q = self.quarantine_marker(key, &m)?;
+        let mut current = self.store.get_ref(&name).map_err(store_err)?;
+        let outcome = loop {
+            match current {
+                None => match self.store.compare_and_swap(&name, None, Some(&desired)).map_err(store_err)? {
+                    CasOutcome::Matched => {
+                        if let Some(q) = &q {
+                            self.retire(key, &m, q)?;
+                            break StoreOutcome::Repaired;
+                        }
+                        break StoreOutcome::Stored;
+                    }
+                    CasOutcome::AlreadyEqual => current = Some(desired),
+                    CasOutcome::Conflict(c) => current = c,
+                },
+                Some(c) if c.digest == m => {
+                    if let Some(q) = &q {
+                        self.retire(key, &m, q)?;
+                        break StoreOutcome::Repaired;
+                    }
+                    if self.quarantine_marker(key, &m)?.is_some() {
+                        return Err(Error::new(
+                            Code::QuarantineConcurrent,
+                            format!("fresh quarantine of {key} during publication"),
+                        ));
+                    }
+                    break StoreOutcome::Present;
+                }
+                Some(c) => {
+                    if replaceable(self, lease, key, &c.digest)? {
+                        match self.store.compare_and_swap(&name, Some(&c), Some(&desired)).map_err(store_err)? {
+                            CasOutcome::Matched => {
+                                if let Some(q) = &q {
+                                    self.retire(key, &m, q)?;
+                                }
+                                break StoreOutcome::Repaired;
+                            }
+                            CasOutcome::AlreadyEqual => {
+                                if let Some(q) = &q {
+                                    self.retire(key, &m, q)?;
+                                }
+                                break StoreOutcome::Present;
+                            }
+                            CasOutcome::Conflict(None) => {
+                                return Err(Error::new(
+                                    Code::StoreRefMoved,
+                                    format!("the record of {key} disappeared during repair"),
+                                ))
+                            }
+                            CasOutcome::Conflict(next) => current = next,
+                        }
+                    } else {
+                        self.quarantine(lease, key, &m, Code::QuarantineArtifactVerification)?;
+                        break StoreOutcome::Divergent;
+                    }
+                }
+            }
+        };
+        Ok(StoreResult { outcome, key: key.to_string(), manifest: m.to_hex() })
+    }
+
+    /// Import an envelope file under `key` (SPEC-v1 §10.6): full verification,
+    /// host admission before any ref is written, then publication.
+    pub fn import_artifact(&self, key: &str, path: &Path) -> Result<StoreResult> {
+        check_key(key)?;
+        let file = File::open(path).map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
+        let size = file.metadata().map_err(|e| Error::io(format_args!("cannot stat {}", path.display()), &e))?.len();
+        crate::artifact::envelope::check_compressed_size(size)?;
+        let lease = self.store.lease().map_err(store_err)?;
+        let (m, _report) = self.ingest_verified(&lease, file, key, true)?;
+        let result = self.decide(&lease, key, m)?;
+        lease.end().map_err(store_err)?;
+        Ok(result)
+    }
+}
+
+/// Whether a verified stored record's bytes fail now: used by export.
+pub(crate) fn bad_read(err: Error, evidence: &Evidence) -> std::result::Result<(Code, String), Error> {
+    match classify_read(err, evidence) {
+        Verdict::Bad(code, why) => Ok((code, why)),
+        Verdict::Unreadable => Ok((Code::QuarantineExportVerification, "unreadable format".into())),
+        Verdict::Other(e) => Err(e),
+    }
+}

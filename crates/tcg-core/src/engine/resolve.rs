@@ -1,0 +1,200 @@
+//! The hit path (SPEC-v1 §10.2): select, stream once, verify, admit, publish.
+
+use std::cell::RefCell;
+use std::io::{self, Read};
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::OnceLock;
+
+use tcg_cas::{store_error_of, Lease, StoreError, Target};
+
+use super::destination::{prepare_directory_destination, publish_stage};
+use super::{check_key, graph_ref, store_err, Engine, Request, Resolved};
+use crate::artifact::publish::Temp;
+use crate::artifact::{read_envelope, Metadata};
+use crate::host_isa::HostFacts;
+use crate::{Code, Error, Kind, Result};
+
+/// This host's facts, read once per process (they do not change while it runs).
+pub(crate) fn host_facts() -> Result<&'static HostFacts> {
+    static FACTS: OnceLock<HostFacts> = OnceLock::new();
+    if let Some(f) = FACTS.get() {
+        return Ok(f);
+    }
+    let facts = HostFacts::read()?;
+    Ok(FACTS.get_or_init(|| facts))
+}
+
+/// Evidence that the bytes the store handed out are wrong, captured from the
+/// verified chunk stream before the envelope reader turns it into its own error.
+#[derive(Default)]
+pub(crate) struct Evidence(Rc<RefCell<Option<String>>>);
+
+impl Evidence {
+    pub(crate) fn reader<R: Read>(&self, inner: R) -> EvidenceReader<R> {
+        EvidenceReader { inner, seen: Rc::clone(&self.0) }
+    }
+    pub(crate) fn take(&self) -> Option<String> {
+        self.0.borrow_mut().take()
+    }
+}
+
+pub(crate) struct EvidenceReader<R> {
+    inner: R,
+    seen: Rc<RefCell<Option<String>>>,
+}
+
+impl<R: Read> Read for EvidenceReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf).inspect_err(|e| {
+            if let Some(se) = store_error_of(e) {
+                if se.is_bad_stored_bytes() {
+                    *self.seen.borrow_mut() = Some(se.to_string());
+                }
+            }
+        })
+    }
+}
+
+fn quarantined(code: Code, key: &str, why: impl std::fmt::Display) -> Error {
+    Error::new(code, format!("compiled graph {key} was quarantined: {why}"))
+}
+
+/// How a failure of a stored record is classified (SPEC-v1 §10.1).
+pub(crate) enum Verdict {
+    /// The record's format is unreadable: a clean miss.
+    Unreadable,
+    /// Proof that stored bytes are wrong: quarantine with this event code.
+    Bad(Code, String),
+    /// Anything else: propagate.
+    Other(Error),
+}
+
+pub(crate) fn classify_store(err: StoreError) -> Verdict {
+    match err {
+        StoreError::RecordFormatUnsupported { .. } => Verdict::Unreadable,
+        e if e.is_bad_stored_bytes() => Verdict::Bad(Code::QuarantineStoreVerification, e.to_string()),
+        e => Verdict::Other(store_err(e)),
+    }
+}
+
+pub(crate) fn classify_read(err: Error, evidence: &Evidence) -> Verdict {
+    if let Some(why) = evidence.take() {
+        return Verdict::Bad(Code::QuarantineStoreVerification, why);
+    }
+    match (err.kind(), err.code()) {
+        (_, Code::ArtifactFormatUnsupported) => Verdict::Unreadable,
+        (_, Code::QuarantineKeyMismatch) => Verdict::Bad(Code::QuarantineKeyMismatch, err.message().to_string()),
+        (Kind::Artifact, _) => Verdict::Bad(Code::QuarantineArtifactVerification, err.message().to_string()),
+        _ => Verdict::Other(err),
+    }
+}
+
+impl Engine {
+    /// Resolve `key` into the directory `destination` (SPEC-v1 §10.2): `None`
+    /// on a clean miss; `QuarantinedArtifact` for a record that exists but must
+    /// not be served; an `AdmissionError` if this host cannot run it.
+    pub fn resolve(&self, key: &str, destination: &Path) -> Result<Option<Resolved>> {
+        self.resolve_with(key, destination, None)
+    }
+
+    /// Pin the record of `key`: `None` when absent; quarantined records raise.
+    fn select(&self, lease: &Lease, key: &str) -> Result<Option<Result<Target, Verdict>>> {
+        let name = graph_ref(key);
+        loop {
+            let Some(target) = self.store.get_ref(&name).map_err(store_err)? else {
+                return Ok(None);
+            };
+            if self.quarantine_marker(key, &target.digest)?.is_some() {
+                return Err(quarantined(Code::QuarantinePresent, key, "its record is quarantined"));
+            }
+            match self.store.pin_ref(lease, &name) {
+                Ok(Some(t)) if t == target => return Ok(Some(Ok(t))),
+                Ok(_) => continue,
+                Err(e) => return Ok(Some(Err(classify_store(e)))),
+            }
+        }
+    }
+
+    /// [`Engine::resolve`] with the request check of `ensure` as extra admission.
+    pub(crate) fn resolve_with(&self, key: &str, destination: &Path, request: Option<&Request>) -> Result<Option<Resolved>> {
+        check_key(key)?;
+        let lease = self.store.lease().map_err(store_err)?;
+        let target = match self.select(&lease, key)? {
+            None => return Ok(None),
+            Some(Ok(t)) => t,
+            Some(Err(Verdict::Unreadable)) => return Ok(None),
+            Some(Err(Verdict::Other(e))) => return Err(e),
+            Some(Err(Verdict::Bad(code, why))) => {
+                let t = self.store.get_ref(&graph_ref(key)).map_err(store_err)?;
+                if let Some(t) = t {
+                    self.quarantine(&lease, key, &t.digest, code)?;
+                }
+                return Err(quarantined(code, key, why));
+            }
+        };
+        let manifest = target.digest;
+        let reader = match self.store.open_file(&lease, &manifest, true) {
+            Ok(r) => r,
+            Err(e) => {
+                return match classify_store(e) {
+                    Verdict::Unreadable => Ok(None),
+                    Verdict::Other(e) => Err(e),
+                    Verdict::Bad(code, why) => {
+                        self.quarantine(&lease, key, &manifest, code)?;
+                        Err(quarantined(code, key, why))
+                    }
+                }
+            }
+        };
+        prepare_directory_destination(destination)?;
+        let stage = Temp::stage_dir(destination)?;
+        let host = host_facts();
+        let mut admission = |md: &Metadata| -> Result<()> {
+            if md.key() != key {
+                return Err(Error::new(
+                    Code::QuarantineKeyMismatch,
+                    format!("stored metadata states key {}, expected {key}", md.key()),
+                ));
+            }
+            let host = host.as_ref().map_err(|e| Error::new(e.code(), e.message()))?;
+            md.host_isa().admit_on(host)?;
+            if let Some(req) = request {
+                req.admit(md)?;
+            }
+            Ok(())
+        };
+        let evidence = Evidence::default();
+        let report = match read_envelope(evidence.reader(reader), stage.path(), &mut admission) {
+            Ok(r) => r,
+            Err(err) => {
+                drop(stage);
+                return match classify_read(err, &evidence) {
+                    Verdict::Unreadable => Ok(None),
+                    Verdict::Other(e) => Err(e),
+                    Verdict::Bad(code, why) => {
+                        self.quarantine(&lease, key, &manifest, code)?;
+                        Err(quarantined(code, key, why))
+                    }
+                };
+            }
+        };
+        publish_stage(stage, destination)?;
+        // Post-publication re-check of the selection (step 11).
+        if self.store.get_ref(&graph_ref(key)).map_err(store_err)? != Some(target) {
+            return Err(Error::new(Code::StoreRefMoved, format!("the record of {key} changed during resolution")));
+        }
+        if self.quarantine_marker(key, &manifest)?.is_some() {
+            return Err(quarantined(Code::QuarantineConcurrent, key, "received a quarantine during resolution"));
+        }
+        // Best effort: the last use only orders eviction under a size budget.
+        let _ = self.store.record_use(&graph_ref(key));
+        lease.end().map_err(store_err)?;
+        Ok(Some(Resolved {
+            key: key.to_string(),
+            destination: destination.to_path_buf(),
+            metadata: report.metadata,
+            manifest: manifest.to_hex(),
+        }))
+    }
+}
