@@ -5,6 +5,7 @@
 
 mod convert;
 mod errors;
+mod engine;
 mod host;
 mod identity;
 
@@ -15,6 +16,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     identity::register(m)?;
     host::register(m)?;
+    engine::register(m)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(error_codes, m)?)?;
     Ok(())

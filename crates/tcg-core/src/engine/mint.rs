@@ -108,6 +108,7 @@ impl Engine {
         let outcome = if publication.outcome == StoreOutcome::Divergent {
             EnsureOutcome::Reused
         } else {
+            self.count(super::Counter::Mint);
             EnsureOutcome::Minted
         };
         Ok(EnsureResult { outcome, resolved, publication: Some(publication) })

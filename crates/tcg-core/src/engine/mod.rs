@@ -7,6 +7,7 @@
 //! runs the recipe and the sole compile policy there) and then packs,
 //! verifies, stores and resolves what it returns.
 
+mod admin;
 mod destination;
 mod export;
 mod mint;
@@ -23,6 +24,7 @@ use crate::artifact::Metadata;
 use crate::identity::is_compiled_graph_key;
 use crate::{Code, Error, Result};
 
+pub use admin::Counter;
 pub use mint::{MintOutput, MintedLiteral};
 
 /// What publication decided (SPEC-v1 §10.4).

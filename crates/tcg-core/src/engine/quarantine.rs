@@ -51,6 +51,7 @@ impl Engine {
                 CasOutcome::Conflict(_) => continue,
             }
         }
+        self.count(super::Counter::Quarantine);
         eprintln!(
             "torch-compiled-graphs: quarantined {key} manifest {} ({event})",
             manifest.to_hex()

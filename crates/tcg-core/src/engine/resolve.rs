@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use tcg_cas::{store_error_of, Lease, StoreError, Target};
 
 use super::destination::{prepare_directory_destination, publish_stage};
-use super::{check_key, graph_ref, store_err, Engine, Request, Resolved};
+use super::{check_key, graph_ref, store_err, Counter, Engine, Request, Resolved};
 use crate::artifact::publish::Temp;
 use crate::artifact::{read_envelope, Metadata};
 use crate::host_isa::HostFacts;
@@ -119,6 +119,17 @@ impl Engine {
     /// [`Engine::resolve`] with the request check of `ensure` as extra admission.
     pub(crate) fn resolve_with(&self, key: &str, destination: &Path, request: Option<&Request>) -> Result<Option<Resolved>> {
         check_key(key)?;
+        let result = self.resolve_inner(key, destination, request);
+        match &result {
+            Ok(Some(_)) => self.count(Counter::Hit),
+            Ok(None) => self.count(Counter::Miss),
+            Err(e) if e.kind() == Kind::Quarantined => self.count(Counter::Miss),
+            Err(_) => {}
+        }
+        result
+    }
+
+    fn resolve_inner(&self, key: &str, destination: &Path, request: Option<&Request>) -> Result<Option<Resolved>> {
         let lease = self.store.lease().map_err(store_err)?;
         let target = match self.select(&lease, key)? {
             None => return Ok(None),

@@ -1,0 +1,193 @@
+//! Engine bindings: conversion, GIL release around store and file work, and
+//! the mint callback bridge (the callback re-acquires the GIL).
+
+use std::sync::Mutex;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use tcg_cj::{Map, Value};
+use tcg_core::artifact::literals::LiteralTensor;
+use tcg_core::engine::{Engine, MintOutput, Request, Resolved, StoreResult};
+use tcg_core::host_isa::HostIsa;
+use tcg_core::identity::{DeclarationInput, GraphClassDeclaration};
+use tcg_core::{Code, Error};
+
+use crate::convert::{from_value, to_value};
+use crate::errors::{to_py, IntoPyResult};
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeEngine>()?;
+    Ok(())
+}
+
+fn key_arg(key: &Bound<'_, PyAny>) -> PyResult<String> {
+    match key.cast::<PyString>() {
+        Ok(s) => Ok(s.to_str()?.to_owned()),
+        Err(_) => Err(to_py(Error::new(
+            Code::StoreKeyInvalid,
+            "v1 storage requires a compiled-graph key (a str)",
+        ))),
+    }
+}
+
+fn resolved_value(r: &Resolved) -> Value {
+    let mut m = Map::new();
+    m.insert("key".into(), r.key.clone().into());
+    m.insert("destination".into(), r.destination.display().to_string().into());
+    m.insert("metadata".into(), Value::Object(r.metadata.value().clone()));
+    m.insert("manifest".into(), r.manifest.clone().into());
+    Value::Object(m)
+}
+
+fn store_result_value(r: &StoreResult) -> Value {
+    let mut m = Map::new();
+    m.insert("outcome".into(), r.outcome.as_str().into());
+    m.insert("key".into(), r.key.clone().into());
+    m.insert("manifest".into(), r.manifest.clone().into());
+    Value::Object(m)
+}
+
+fn field<'py>(d: &Bound<'py, PyDict>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    d.get_item(name)?
+        .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("mint result lacks {name:?}")))
+}
+
+fn json(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Value> {
+    to_value(obj, what)
+        .map_err(|e| to_py(Error::new(Code::CompileResultInvalid, format!("mint result {what}: {e}"))))
+}
+
+/// Convert the Python mint callback's result.
+fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
+    let d = obj.cast::<PyDict>()?;
+    let decl = field(d, "declaration")?;
+    let decl = decl.cast::<PyDict>()?;
+    let get = |k: &str| -> PyResult<Value> { json(&field(decl, k)?, k) };
+    let placement: Vec<String> = field(decl, "placement")?.extract()?;
+    let declaration = GraphClassDeclaration::new(DeclarationInput {
+        graph_class: get("graph_class")?,
+        target: get("target")?,
+        graph: get("graph")?,
+        graph_witness: get("graph_witness")?,
+        range_digest: get("range_digest")?,
+        fork: get("fork")?,
+        class_dims: get("class_dims")?,
+        strict: get("strict")?,
+        lora_bucket: get("lora_bucket")?,
+        literal_values: get("literal_values")?,
+        placement,
+    })
+    .py()?;
+    let host_isa = HostIsa::from_value(&json(&field(d, "host_isa")?, "host_isa")?, Code::CompileHostPolicy).py()?;
+    let mut literals = Vec::new();
+    for item in field(d, "literals")?.try_iter()? {
+        let (fqn, dtype, shape, bytes): (String, String, Vec<u64>, Vec<u8>) = item?.extract()?;
+        literals.push(LiteralTensor { fqn, dtype, shape, bytes });
+    }
+    Ok(MintOutput {
+        package: field(d, "package")?.extract()?,
+        declaration,
+        sm: field(d, "sm")?.extract()?,
+        toolchain: json(&field(d, "toolchain")?, "toolchain")?,
+        host_isa,
+        literals,
+    })
+}
+
+/// The native engine over one store root. The Python `Engine` wraps it.
+#[pyclass(module = "torch_compiled_graphs._native", frozen)]
+pub struct NativeEngine {
+    inner: Engine,
+}
+
+#[pymethods]
+impl NativeEngine {
+    #[new]
+    #[pyo3(signature = (root, lock_timeout=None))]
+    fn new(py: Python<'_>, root: PathBuf, lock_timeout: Option<f64>) -> PyResult<Self> {
+        let engine = py.detach(|| Engine::open(&root)).py()?;
+        Ok(NativeEngine { inner: engine.with_lock_timeout(lock_timeout.map(Duration::from_secs_f64)) })
+    }
+
+    /// The store root.
+    #[getter]
+    fn root(&self) -> PathBuf {
+        self.inner.store().root().to_path_buf()
+    }
+
+    fn resolve<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>, destination: PathBuf) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let key = key_arg(key)?;
+        let found = py.detach(|| self.inner.resolve(&key, &destination)).py()?;
+        found.map(|r| from_value(py, &resolved_value(&r))).transpose()
+    }
+
+    #[pyo3(signature = (key, destination, target, toolchain, mint))]
+    fn ensure<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        destination: PathBuf,
+        target: &str,
+        toolchain: &Bound<'py, PyAny>,
+        mint: Py<PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let key = key_arg(key)?;
+        let block = crate::identity::toolchain_block(toolchain)?;
+        let request = Request::new(target, &block).py()?;
+        let raised: Mutex<Option<PyErr>> = Mutex::new(None);
+        let result = py.detach(|| {
+            let mut callback = || -> Result<MintOutput, Error> {
+                Python::attach(|py| mint.call0(py).and_then(|out| mint_output(out.bind(py)))).map_err(|e| {
+                    let message = e.to_string();
+                    *raised.lock().expect("not poisoned") = Some(e);
+                    Error::new(Code::CompileFailed, format!("mint callback raised: {message}"))
+                })
+            };
+            self.inner.ensure(&key, &destination, &request, &mut callback)
+        });
+        let result = match result {
+            Ok(r) => r,
+            Err(e) => return Err(raised.into_inner().ok().flatten().unwrap_or_else(|| to_py(e))),
+        };
+        let mut m = Map::new();
+        m.insert("outcome".into(), result.outcome.as_str().into());
+        m.insert("resolved".into(), resolved_value(&result.resolved));
+        m.insert("publication".into(), result.publication.as_ref().map(store_result_value).unwrap_or(Value::Null));
+        from_value(py, &Value::Object(m))
+    }
+
+    fn import_artifact<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+        let key = key_arg(key)?;
+        let r = py.detach(|| self.inner.import_artifact(&key, &path)).py()?;
+        from_value(py, &store_result_value(&r))
+    }
+
+    fn export_artifact(&self, py: Python<'_>, key: &Bound<'_, PyAny>, path: PathBuf) -> PyResult<PathBuf> {
+        let key = key_arg(key)?;
+        py.detach(|| self.inner.export_artifact(&key, &path)).py()
+    }
+
+    fn list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let v = py.detach(|| self.inner.list()).py()?;
+        from_value(py, &v)
+    }
+
+    #[pyo3(signature = (max_bytes=None))]
+    fn gc<'py>(&self, py: Python<'py>, max_bytes: Option<u64>) -> PyResult<Bound<'py, PyAny>> {
+        let v = py.detach(|| self.inner.gc(max_bytes)).py()?;
+        from_value(py, &v)
+    }
+
+    #[pyo3(signature = (quarantine=false))]
+    fn fsck<'py>(&self, py: Python<'py>, quarantine: bool) -> PyResult<Bound<'py, PyAny>> {
+        let (v, _) = py.detach(|| self.inner.fsck(quarantine)).py()?;
+        from_value(py, &v)
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let v = py.detach(|| self.inner.stats()).py()?;
+        from_value(py, &v)
+    }
+}
