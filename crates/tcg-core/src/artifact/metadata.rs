@@ -474,7 +474,7 @@ pub fn validate_metadata(bytes: &[u8], has_literals: Option<bool>) -> Result<Met
 }
 
 fn check_types(gc: &Map) -> Result<()> {
-    if !gc["literal_values"].as_str().is_some() {
+    if gc["literal_values"].as_str().is_none() {
         return Err(schema("graph_class.literal_values must be a string"));
     }
     let placement_ok = matches!(&gc["placement"], Value::Array(a)
