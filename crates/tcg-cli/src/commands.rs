@@ -3,6 +3,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tcg_cj::{Map, Value};
+use tcg_core::artifact::{self, Metadata};
+use tcg_core::engine::Engine;
 use tcg_core::identity;
 use tcg_core::Code;
 
@@ -45,6 +47,154 @@ enum Command {
         /// The value to check.
         value: String,
     },
+    /// Show an artifact's metadata after a bounded scan of its first member.
+    Inspect {
+        /// A compiled_graph.tar.gz envelope.
+        artifact: PathBuf,
+        /// Print the whole report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify an artifact completely (exit 0 valid, 1 refused).
+    Verify {
+        /// A compiled_graph.tar.gz envelope.
+        artifact: PathBuf,
+        /// Also admit it on this host (host ISA).
+        #[arg(long)]
+        host: bool,
+        /// Print a JSON report.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resolve a key into a directory (exit 1 on a miss or a quarantined record).
+    Resolve {
+        #[command(flatten)]
+        store: StoreArg,
+        /// The compiled-graph key.
+        key: String,
+        /// The directory to publish the unpacked artifact at.
+        dest: PathBuf,
+        /// Print a JSON report.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify an envelope, admit it on this host and store it under a key.
+    Import {
+        #[command(flatten)]
+        store: StoreArg,
+        /// The compiled-graph key the artifact states.
+        key: String,
+        /// The envelope file.
+        path: PathBuf,
+        /// Print a JSON report.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write the exact stored envelope of a key to a file.
+    Export {
+        #[command(flatten)]
+        store: StoreArg,
+        /// The compiled-graph key.
+        key: String,
+        /// The file to create.
+        path: PathBuf,
+    },
+    /// List stored keys with graph class, sm, size and last use.
+    Ls {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Collect unreachable objects; --max-bytes evicts least recently resolved keys.
+    Gc {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Size budget in bytes.
+        #[arg(long)]
+        max_bytes: Option<u64>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-hash every stored object (exit 1 if anything is corrupt).
+    Fsck {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Move corrupt objects aside (never deleted).
+        #[arg(long)]
+        quarantine: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hits, misses, mints, quarantines and bytes of a store.
+    Stats {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct StoreArg {
+    /// The store root [default: $XDG_CACHE_HOME/torch-compiled-graphs].
+    #[arg(long = "cas-root", value_name = "DIR")]
+    cas_root: Option<PathBuf>,
+}
+
+impl StoreArg {
+    fn engine(&self) -> anyhow::Result<Engine> {
+        let root = match &self.cas_root {
+            Some(root) => root.clone(),
+            None => {
+                let base = std::env::var_os("XDG_CACHE_HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+                    .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                    .context("set --cas-root, XDG_CACHE_HOME or HOME")?;
+                base.join("torch-compiled-graphs")
+            }
+        };
+        Engine::open(&root).with_context(|| format!("cannot open the store at {}", root.display()))
+    }
+}
+
+fn print_json(value: &Value) -> anyhow::Result<()> {
+    print_line(&tcg_cj::to_canonical_string(value)?)
+}
+
+fn print_report(value: &Value, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(value);
+    }
+    match value {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let text = match v {
+                    Value::Str(s) => s.clone(),
+                    other => tcg_cj::to_canonical_string(other)?,
+                };
+                print_line(&format!("{k:<18} {text}"))?;
+            }
+            Ok(())
+        }
+        other => print_json(other),
+    }
+}
+
+fn metadata_summary(md: &Metadata) -> Map {
+    let mut m = Map::new();
+    m.insert("key".into(), md.key().into());
+    m.insert("graph_class".into(), md.name().into());
+    m.insert("class_hash".into(), md.declaration().class_hash().into());
+    m.insert("sm".into(), md.sm().into());
+    m.insert("host_isa_level".into(), md.host_isa().to_map().get("host_isa_level").cloned().unwrap_or(Value::Null));
+    m.insert("constants".into(), Value::Int(md.constants().len() as i64));
+    m
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
@@ -85,6 +235,103 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             } else {
                 print_line(&key)?;
             }
+            Ok(Outcome::Success)
+        }
+        Command::Inspect { artifact, json } => {
+            let report = artifact::inspect(&artifact).with_context(|| format!("cannot inspect {}", artifact.display()))?;
+            if json {
+                print_json(&report)?;
+            } else {
+                let md = report.as_object().and_then(|r| r.get("metadata")).cloned().unwrap_or(Value::Null);
+                print_line(&tcg_cj::to_canonical_string(&md)?)?;
+            }
+            Ok(Outcome::Success)
+        }
+        Command::Verify { artifact, host, json } => {
+            let report = artifact::verify(&artifact, host).with_context(|| format!("{} was refused", artifact.display()))?;
+            let mut m = metadata_summary(&report.envelope.metadata);
+            m.insert("verified".into(), Value::Bool(true));
+            m.insert("host_admitted".into(), Value::Bool(report.admitted.is_some()));
+            m.insert("package_bytes".into(), Value::Int(report.envelope.package_bytes as i64));
+            print_report(&Value::Object(m), json)?;
+            Ok(Outcome::Success)
+        }
+        Command::Resolve { store, key, dest, json } => {
+            let engine = store.engine()?;
+            match engine.resolve(&key, &dest) {
+                Ok(Some(r)) => {
+                    let mut m = metadata_summary(&r.metadata);
+                    m.insert("destination".into(), r.destination.display().to_string().into());
+                    m.insert("manifest".into(), r.manifest.into());
+                    if json {
+                        print_json(&Value::Object(m))?;
+                    } else {
+                        print_line(&r.destination.display().to_string())?;
+                    }
+                    Ok(Outcome::Success)
+                }
+                Ok(None) => {
+                    eprintln!("miss: no servable artifact is stored for {key}");
+                    Ok(Outcome::Negative)
+                }
+                Err(e) if e.kind() == tcg_core::Kind::Quarantined => {
+                    eprintln!("quarantined: {e} ({})", e.code());
+                    Ok(Outcome::Negative)
+                }
+                Err(e) => Err(anyhow::Error::new(e).context(format!("cannot resolve {key}"))),
+            }
+        }
+        Command::Import { store, key, path, json } => {
+            let r = store.engine()?.import_artifact(&key, &path).with_context(|| format!("cannot import {}", path.display()))?;
+            let mut m = Map::new();
+            m.insert("outcome".into(), r.outcome.as_str().into());
+            m.insert("key".into(), r.key.into());
+            m.insert("manifest".into(), r.manifest.into());
+            print_report(&Value::Object(m), json)?;
+            Ok(Outcome::Success)
+        }
+        Command::Export { store, key, path } => {
+            let out = store.engine()?.export_artifact(&key, &path).with_context(|| format!("cannot export {key}"))?;
+            print_line(&out.display().to_string())?;
+            Ok(Outcome::Success)
+        }
+        Command::Ls { store, json } => {
+            let rows = store.engine()?.list()?;
+            if json {
+                print_json(&rows)?;
+            } else {
+                for row in rows.as_array().into_iter().flatten() {
+                    let r = row.as_object().expect("rows are objects");
+                    let text = |k: &str| match r.get(k) {
+                        Some(Value::Str(s)) => s.clone(),
+                        Some(Value::Int(i)) => i.to_string(),
+                        Some(Value::Bool(b)) => b.to_string(),
+                        _ => "-".into(),
+                    };
+                    print_line(&format!(
+                        "{}  {}  {}  {}  last_use_ns={}{}",
+                        text("key"),
+                        text("graph_class"),
+                        text("sm"),
+                        text("size"),
+                        text("last_use_ns"),
+                        if text("quarantined") == "true" { "  QUARANTINED" } else { "" }
+                    ))?;
+                }
+            }
+            Ok(Outcome::Success)
+        }
+        Command::Gc { store, max_bytes, json } => {
+            print_report(&store.engine()?.gc(max_bytes)?, json)?;
+            Ok(Outcome::Success)
+        }
+        Command::Fsck { store, quarantine, json } => {
+            let (report, clean) = store.engine()?.fsck(quarantine)?;
+            print_report(&report, json)?;
+            Ok(if clean { Outcome::Success } else { Outcome::Negative })
+        }
+        Command::Stats { store, json } => {
+            print_report(&store.engine()?.stats()?, json)?;
             Ok(Outcome::Success)
         }
         Command::CheckKey { value } => {
