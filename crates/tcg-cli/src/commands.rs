@@ -192,7 +192,14 @@ fn metadata_summary(md: &Metadata) -> Map {
     m.insert("graph_class".into(), md.name().into());
     m.insert("class_hash".into(), md.declaration().class_hash().into());
     m.insert("sm".into(), md.sm().into());
-    m.insert("host_isa_level".into(), md.host_isa().to_map().get("host_isa_level").cloned().unwrap_or(Value::Null));
+    m.insert(
+        "host_isa_level".into(),
+        md.host_isa()
+            .to_map()
+            .get("host_isa_level")
+            .cloned()
+            .unwrap_or(Value::Null),
+    );
     m.insert("constants".into(), Value::Int(md.constants().len() as i64));
     m
 }
@@ -238,30 +245,54 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Inspect { artifact, json } => {
-            let report = artifact::inspect(&artifact).with_context(|| format!("cannot inspect {}", artifact.display()))?;
+            let report = artifact::inspect(&artifact)
+                .with_context(|| format!("cannot inspect {}", artifact.display()))?;
             if json {
                 print_json(&report)?;
             } else {
-                let md = report.as_object().and_then(|r| r.get("metadata")).cloned().unwrap_or(Value::Null);
+                let md = report
+                    .as_object()
+                    .and_then(|r| r.get("metadata"))
+                    .cloned()
+                    .unwrap_or(Value::Null);
                 print_line(&tcg_cj::to_canonical_string(&md)?)?;
             }
             Ok(Outcome::Success)
         }
-        Command::Verify { artifact, host, json } => {
-            let report = artifact::verify(&artifact, host).with_context(|| format!("{} was refused", artifact.display()))?;
+        Command::Verify {
+            artifact,
+            host,
+            json,
+        } => {
+            let report = artifact::verify(&artifact, host)
+                .with_context(|| format!("{} was refused", artifact.display()))?;
             let mut m = metadata_summary(&report.envelope.metadata);
             m.insert("verified".into(), Value::Bool(true));
-            m.insert("host_admitted".into(), Value::Bool(report.admitted.is_some()));
-            m.insert("package_bytes".into(), Value::Int(report.envelope.package_bytes as i64));
+            m.insert(
+                "host_admitted".into(),
+                Value::Bool(report.admitted.is_some()),
+            );
+            m.insert(
+                "package_bytes".into(),
+                Value::Int(report.envelope.package_bytes as i64),
+            );
             print_report(&Value::Object(m), json)?;
             Ok(Outcome::Success)
         }
-        Command::Resolve { store, key, dest, json } => {
+        Command::Resolve {
+            store,
+            key,
+            dest,
+            json,
+        } => {
             let engine = store.engine()?;
             match engine.resolve(&key, &dest) {
                 Ok(Some(r)) => {
                     let mut m = metadata_summary(&r.metadata);
-                    m.insert("destination".into(), r.destination.display().to_string().into());
+                    m.insert(
+                        "destination".into(),
+                        r.destination.display().to_string().into(),
+                    );
                     m.insert("manifest".into(), r.manifest.into());
                     if json {
                         print_json(&Value::Object(m))?;
@@ -281,8 +312,16 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 Err(e) => Err(anyhow::Error::new(e).context(format!("cannot resolve {key}"))),
             }
         }
-        Command::Import { store, key, path, json } => {
-            let r = store.engine()?.import_artifact(&key, &path).with_context(|| format!("cannot import {}", path.display()))?;
+        Command::Import {
+            store,
+            key,
+            path,
+            json,
+        } => {
+            let r = store
+                .engine()?
+                .import_artifact(&key, &path)
+                .with_context(|| format!("cannot import {}", path.display()))?;
             let mut m = Map::new();
             m.insert("outcome".into(), r.outcome.as_str().into());
             m.insert("key".into(), r.key.into());
@@ -291,7 +330,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Export { store, key, path } => {
-            let out = store.engine()?.export_artifact(&key, &path).with_context(|| format!("cannot export {key}"))?;
+            let out = store
+                .engine()?
+                .export_artifact(&key, &path)
+                .with_context(|| format!("cannot export {key}"))?;
             print_line(&out.display().to_string())?;
             Ok(Outcome::Success)
         }
@@ -315,20 +357,36 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                         text("sm"),
                         text("size"),
                         text("last_use_ns"),
-                        if text("quarantined") == "true" { "  QUARANTINED" } else { "" }
+                        if text("quarantined") == "true" {
+                            "  QUARANTINED"
+                        } else {
+                            ""
+                        }
                     ))?;
                 }
             }
             Ok(Outcome::Success)
         }
-        Command::Gc { store, max_bytes, json } => {
+        Command::Gc {
+            store,
+            max_bytes,
+            json,
+        } => {
             print_report(&store.engine()?.gc(max_bytes)?, json)?;
             Ok(Outcome::Success)
         }
-        Command::Fsck { store, quarantine, json } => {
+        Command::Fsck {
+            store,
+            quarantine,
+            json,
+        } => {
             let (report, clean) = store.engine()?.fsck(quarantine)?;
             print_report(&report, json)?;
-            Ok(if clean { Outcome::Success } else { Outcome::Negative })
+            Ok(if clean {
+                Outcome::Success
+            } else {
+                Outcome::Negative
+            })
         }
         Command::Stats { store, json } => {
             print_report(&store.engine()?.stats()?, json)?;

@@ -1,8 +1,8 @@
 //! Engine bindings: conversion, GIL release around store and file work, and
 //! the mint callback bridge (the callback re-acquires the GIL).
 
-use std::sync::Mutex;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -35,7 +35,10 @@ fn key_arg(key: &Bound<'_, PyAny>) -> PyResult<String> {
 fn resolved_value(r: &Resolved) -> Value {
     let mut m = Map::new();
     m.insert("key".into(), r.key.clone().into());
-    m.insert("destination".into(), r.destination.display().to_string().into());
+    m.insert(
+        "destination".into(),
+        r.destination.display().to_string().into(),
+    );
     m.insert("metadata".into(), Value::Object(r.metadata.value().clone()));
     m.insert("manifest".into(), r.manifest.clone().into());
     Value::Object(m)
@@ -55,8 +58,12 @@ fn field<'py>(d: &Bound<'py, PyDict>, name: &str) -> PyResult<Bound<'py, PyAny>>
 }
 
 fn json(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Value> {
-    to_value(obj, what)
-        .map_err(|e| to_py(Error::new(Code::CompileResultInvalid, format!("mint result {what}: {e}"))))
+    to_value(obj, what).map_err(|e| {
+        to_py(Error::new(
+            Code::CompileResultInvalid,
+            format!("mint result {what}: {e}"),
+        ))
+    })
 }
 
 /// Convert the Python mint callback's result.
@@ -80,11 +87,20 @@ fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
         placement,
     })
     .py()?;
-    let host_isa = HostIsa::from_value(&json(&field(d, "host_isa")?, "host_isa")?, Code::CompileHostPolicy).py()?;
+    let host_isa = HostIsa::from_value(
+        &json(&field(d, "host_isa")?, "host_isa")?,
+        Code::CompileHostPolicy,
+    )
+    .py()?;
     let mut literals = Vec::new();
     for item in field(d, "literals")?.try_iter()? {
         let (fqn, dtype, shape, bytes): (String, String, Vec<u64>, Vec<u8>) = item?.extract()?;
-        literals.push(LiteralTensor { fqn, dtype, shape, bytes });
+        literals.push(LiteralTensor {
+            fqn,
+            dtype,
+            shape,
+            bytes,
+        });
     }
     Ok(MintOutput {
         package: field(d, "package")?.extract()?,
@@ -108,7 +124,9 @@ impl NativeEngine {
     #[pyo3(signature = (root, lock_timeout=None))]
     fn new(py: Python<'_>, root: PathBuf, lock_timeout: Option<f64>) -> PyResult<Self> {
         let engine = py.detach(|| Engine::open(&root)).py()?;
-        Ok(NativeEngine { inner: engine.with_lock_timeout(lock_timeout.map(Duration::from_secs_f64)) })
+        Ok(NativeEngine {
+            inner: engine.with_lock_timeout(lock_timeout.map(Duration::from_secs_f64)),
+        })
     }
 
     /// The store root.
@@ -117,10 +135,17 @@ impl NativeEngine {
         self.inner.store().root().to_path_buf()
     }
 
-    fn resolve<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>, destination: PathBuf) -> PyResult<Option<Bound<'py, PyAny>>> {
+    fn resolve<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        destination: PathBuf,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let key = key_arg(key)?;
         let found = py.detach(|| self.inner.resolve(&key, &destination)).py()?;
-        found.map(|r| from_value(py, &resolved_value(&r))).transpose()
+        found
+            .map(|r| from_value(py, &resolved_value(&r)))
+            .transpose()
     }
 
     #[pyo3(signature = (key, destination, target, toolchain, mint))]
@@ -139,32 +164,60 @@ impl NativeEngine {
         let raised: Mutex<Option<PyErr>> = Mutex::new(None);
         let result = py.detach(|| {
             let mut callback = || -> Result<MintOutput, Error> {
-                Python::attach(|py| mint.call0(py).and_then(|out| mint_output(out.bind(py)))).map_err(|e| {
-                    let message = e.to_string();
-                    *raised.lock().expect("not poisoned") = Some(e);
-                    Error::new(Code::CompileFailed, format!("mint callback raised: {message}"))
-                })
+                Python::attach(|py| mint.call0(py).and_then(|out| mint_output(out.bind(py))))
+                    .map_err(|e| {
+                        let message = e.to_string();
+                        *raised.lock().expect("not poisoned") = Some(e);
+                        Error::new(
+                            Code::CompileFailed,
+                            format!("mint callback raised: {message}"),
+                        )
+                    })
             };
-            self.inner.ensure(&key, &destination, &request, &mut callback)
+            self.inner
+                .ensure(&key, &destination, &request, &mut callback)
         });
         let result = match result {
             Ok(r) => r,
-            Err(e) => return Err(raised.into_inner().ok().flatten().unwrap_or_else(|| to_py(e))),
+            Err(e) => {
+                return Err(raised
+                    .into_inner()
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| to_py(e)))
+            }
         };
         let mut m = Map::new();
         m.insert("outcome".into(), result.outcome.as_str().into());
         m.insert("resolved".into(), resolved_value(&result.resolved));
-        m.insert("publication".into(), result.publication.as_ref().map(store_result_value).unwrap_or(Value::Null));
+        m.insert(
+            "publication".into(),
+            result
+                .publication
+                .as_ref()
+                .map(store_result_value)
+                .unwrap_or(Value::Null),
+        );
         from_value(py, &Value::Object(m))
     }
 
-    fn import_artifact<'py>(&self, py: Python<'py>, key: &Bound<'py, PyAny>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+    fn import_artifact<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        path: PathBuf,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let key = key_arg(key)?;
         let r = py.detach(|| self.inner.import_artifact(&key, &path)).py()?;
         from_value(py, &store_result_value(&r))
     }
 
-    fn export_artifact(&self, py: Python<'_>, key: &Bound<'_, PyAny>, path: PathBuf) -> PyResult<PathBuf> {
+    fn export_artifact(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        path: PathBuf,
+    ) -> PyResult<PathBuf> {
         let key = key_arg(key)?;
         py.detach(|| self.inner.export_artifact(&key, &path)).py()
     }

@@ -17,7 +17,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 fn host_facts(py: Python<'_>) -> PyResult<(String, Vec<String>)> {
     let facts = py.detach(HostFacts::read).py()?;
-    Ok((facts.machine().to_owned(), facts.features().iter().cloned().collect()))
+    Ok((
+        facts.machine().to_owned(),
+        facts.features().iter().cloned().collect(),
+    ))
 }
 
 /// The five host-ISA facts a mint on this host records (SPEC-v1 §5.3).

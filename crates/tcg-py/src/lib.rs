@@ -4,8 +4,8 @@
 //! core with the GIL released where it does I/O, and maps the error.
 
 mod convert;
-mod errors;
 mod engine;
+mod errors;
 mod host;
 mod identity;
 

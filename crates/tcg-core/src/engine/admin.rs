@@ -34,11 +34,19 @@ const COUNTERS: [(Counter, &str); 4] = [
 ];
 
 fn slot(c: Counter) -> u64 {
-    COUNTERS.iter().position(|(k, _)| *k == c).expect("every counter has a slot") as u64
+    COUNTERS
+        .iter()
+        .position(|(k, _)| *k == c)
+        .expect("every counter has a slot") as u64
 }
 
 fn obj(pairs: Vec<(&str, Value)>) -> Value {
-    Value::Object(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect::<Map>())
+    Value::Object(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect::<Map>(),
+    )
 }
 
 fn int(n: u64) -> Value {
@@ -53,7 +61,12 @@ impl Engine {
     /// Add one to a counter. Best effort: statistics never fail an operation.
     pub(crate) fn count(&self, counter: Counter) {
         let _ = (|| -> std::io::Result<()> {
-            let mut f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.counters_path())?;
+            let mut f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(self.counters_path())?;
             // SAFETY: flock on a valid open descriptor; released when `f` closes.
             if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -74,7 +87,10 @@ impl Engine {
             .iter()
             .map(|(c, name)| {
                 let at = slot(*c) as usize * 8;
-                let v = bytes.get(at..at + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).unwrap_or(0);
+                let v = bytes
+                    .get(at..at + 8)
+                    .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    .unwrap_or(0);
                 (*name, v)
             })
             .collect()
@@ -91,12 +107,20 @@ impl Engine {
                 ("key", Value::from(key.as_str())),
                 ("manifest", Value::from(entry.target.digest.to_hex())),
                 ("last_use_ns", int(self.store.last_use(&entry.name))),
-                ("quarantined", Value::Bool(self.quarantine_marker(&key, &entry.target.digest)?.is_some())),
+                (
+                    "quarantined",
+                    Value::Bool(
+                        self.quarantine_marker(&key, &entry.target.digest)?
+                            .is_some(),
+                    ),
+                ),
             ];
             match self.store.open_file(&lease, &entry.target.digest, true) {
                 Ok(reader) => {
                     row.push(("size", int(reader.manifest().size)));
-                    if let Ok(md) = read_metadata_member(reader).and_then(|b| crate::artifact::validate_metadata(&b, None)) {
+                    if let Ok(md) = read_metadata_member(reader)
+                        .and_then(|b| crate::artifact::validate_metadata(&b, None))
+                    {
                         row.push(("graph_class", Value::from(md.name())));
                         row.push(("sm", Value::from(md.sm())));
                         row.push(("class_hash", Value::from(md.declaration().class_hash())));
@@ -107,7 +131,10 @@ impl Engine {
             rows.push(obj(row));
         }
         for (path, err) in listing.unreadable {
-            rows.push(obj(vec![("unreadable_ref", Value::from(path.display().to_string())), ("error", Value::from(err.to_string()))]));
+            rows.push(obj(vec![
+                ("unreadable_ref", Value::from(path.display().to_string())),
+                ("error", Value::from(err.to_string())),
+            ]));
         }
         lease.end().map_err(store_err)?;
         Ok(Value::Array(rows))
@@ -118,7 +145,10 @@ impl Engine {
     pub fn gc(&self, max_bytes: Option<u64>) -> Result<Value> {
         let r = self
             .store
-            .gc(&GcOptions { max_bytes, evict_prefix: GRAPH_REF_PREFIX.to_string() })
+            .gc(&GcOptions {
+                max_bytes,
+                evict_prefix: GRAPH_REF_PREFIX.to_string(),
+            })
             .map_err(store_err)?;
         let evicted: Vec<Value> = r
             .evicted_refs
@@ -140,24 +170,44 @@ impl Engine {
     /// Re-hash every object; with `quarantine`, move corrupt ones aside.
     /// Returns the report and whether the store is clean.
     pub fn fsck(&self, quarantine: bool) -> Result<(Value, bool)> {
-        let r = self.store.fsck(FsckOptions { quarantine }).map_err(store_err)?;
+        let r = self
+            .store
+            .fsck(FsckOptions { quarantine })
+            .map_err(store_err)?;
         let corrupt: Vec<Value> = r
             .corrupt
             .iter()
             .map(|c| {
                 obj(vec![
-                    ("digest", c.digest.map(|d| Value::from(d.to_hex())).unwrap_or(Value::Null)),
+                    (
+                        "digest",
+                        c.digest
+                            .map(|d| Value::from(d.to_hex()))
+                            .unwrap_or(Value::Null),
+                    ),
                     ("path", Value::from(c.path.display().to_string())),
                     ("code", Value::from(c.error.code())),
                     ("error", Value::from(c.error.to_string())),
-                    ("moved_to", c.moved_to.as_ref().map(|p| Value::from(p.display().to_string())).unwrap_or(Value::Null)),
+                    (
+                        "moved_to",
+                        c.moved_to
+                            .as_ref()
+                            .map(|p| Value::from(p.display().to_string()))
+                            .unwrap_or(Value::Null),
+                    ),
                 ])
             })
             .collect();
         let dangling: Vec<Value> = r
             .dangling_refs
             .iter()
-            .map(|d| obj(vec![("ref", Value::from(d.name.as_str())), ("code", Value::from(d.error.code())), ("error", Value::from(d.error.to_string()))]))
+            .map(|d| {
+                obj(vec![
+                    ("ref", Value::from(d.name.as_str())),
+                    ("code", Value::from(d.error.code())),
+                    ("error", Value::from(d.error.to_string())),
+                ])
+            })
             .collect();
         let clean = r.is_clean();
         Ok((
@@ -176,8 +226,17 @@ impl Engine {
     /// Counters (hits, misses, mints, quarantines) and the store's size.
     pub fn stats(&self) -> Result<Value> {
         let s = self.store.stats().map_err(store_err)?;
-        let keys = self.store.list_refs(GRAPH_REF_PREFIX).map_err(store_err)?.entries.len() as u64;
-        let mut pairs: Vec<(&str, Value)> = self.counter_values().into_iter().map(|(k, v)| (k, int(v))).collect();
+        let keys = self
+            .store
+            .list_refs(GRAPH_REF_PREFIX)
+            .map_err(store_err)?
+            .entries
+            .len() as u64;
+        let mut pairs: Vec<(&str, Value)> = self
+            .counter_values()
+            .into_iter()
+            .map(|(k, v)| (k, int(v)))
+            .collect();
         pairs.extend([
             ("keys", int(keys)),
             ("objects", int(s.objects)),
@@ -188,4 +247,3 @@ impl Engine {
         Ok(obj(pairs))
     }
 }
-

@@ -15,7 +15,10 @@ fn occupied(dest: &Path, why: &str) -> Error {
     Error::io_code(
         Code::IoDestinationOccupied,
         Some(libc::EEXIST),
-        format!("destination {} is not the selected compiled-graph artifact: {why}", dest.display()),
+        format!(
+            "destination {} is not the selected compiled-graph artifact: {why}",
+            dest.display()
+        ),
     )
 }
 
@@ -26,14 +29,22 @@ pub(crate) fn prepare_directory_destination(dest: &Path) -> Result<()> {
     let meta = match std::fs::symlink_metadata(dest) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(format_args!("cannot inspect {}", dest.display()), &e)),
+        Err(e) => {
+            return Err(Error::io(
+                format_args!("cannot inspect {}", dest.display()),
+                &e,
+            ))
+        }
     };
     let ft = meta.file_type();
     if ft.is_symlink() {
         return Err(Error::io_code(
             Code::IoDestinationOccupied,
             Some(libc::EEXIST),
-            format!("destination {} is a symlink and is never followed or replaced", dest.display()),
+            format!(
+                "destination {} is a symlink and is never followed or replaced",
+                dest.display()
+            ),
         ));
     }
     if ft.is_file() {
@@ -50,7 +61,10 @@ pub(crate) fn prepare_directory_destination(dest: &Path) -> Result<()> {
         Ok(()) => Ok(()),
         // Not empty (or raced to non-empty): compared at publication.
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => Ok(()),
-        Err(e) => Err(Error::io(format_args!("cannot inspect {}", dest.display()), &e)),
+        Err(e) => Err(Error::io(
+            format_args!("cannot inspect {}", dest.display()),
+            &e,
+        )),
     }
 }
 
@@ -71,7 +85,8 @@ pub(crate) fn publish_stage(stage: Temp, dest: &Path) -> Result<()> {
 }
 
 fn dir_identity(path: &Path) -> Result<(u64, u64, i64, i64)> {
-    let m = std::fs::symlink_metadata(path).map_err(|e| Error::io(format_args!("cannot inspect {}", path.display()), &e))?;
+    let m = std::fs::symlink_metadata(path)
+        .map_err(|e| Error::io(format_args!("cannot inspect {}", path.display()), &e))?;
     if !m.file_type().is_dir() {
         return Err(occupied(path, "it is not a directory"));
     }
@@ -80,8 +95,14 @@ fn dir_identity(path: &Path) -> Result<(u64, u64, i64, i64)> {
 
 fn names(dir: &Path) -> Result<Vec<std::ffi::OsString>> {
     let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(format_args!("cannot list {}", dir.display()), &e))? {
-        out.push(entry.map_err(|e| Error::io(format_args!("cannot list {}", dir.display()), &e))?.file_name());
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| Error::io(format_args!("cannot list {}", dir.display()), &e))?
+    {
+        out.push(
+            entry
+                .map_err(|e| Error::io(format_args!("cannot list {}", dir.display()), &e))?
+                .file_name(),
+        );
     }
     out.sort();
     Ok(out)
@@ -93,7 +114,9 @@ fn open_regular(path: &Path) -> Result<(File, (u64, u64, u64, i64, i64))> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
-    let m = f.metadata().map_err(|e| Error::io(format_args!("cannot stat {}", path.display()), &e))?;
+    let m = f
+        .metadata()
+        .map_err(|e| Error::io(format_args!("cannot stat {}", path.display()), &e))?;
     if !m.file_type().is_file() {
         return Err(occupied(path, "an entry is not a regular file"));
     }
@@ -103,7 +126,9 @@ fn open_regular(path: &Path) -> Result<(File, (u64, u64, u64, i64, i64))> {
 fn read_full(f: &mut File, buf: &mut [u8], path: &Path) -> Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
-        let n = f.read(&mut buf[filled..]).map_err(|e| Error::io(format_args!("cannot read {}", path.display()), &e))?;
+        let n = f
+            .read(&mut buf[filled..])
+            .map_err(|e| Error::io(format_args!("cannot read {}", path.display()), &e))?;
         if n == 0 {
             break;
         }

@@ -17,14 +17,20 @@ use crate::artifact::read_envelope;
 use crate::{Code, Error, Result};
 
 fn failed(key: &str, why: impl std::fmt::Display) -> Error {
-    Error::new(Code::QuarantineExportVerification, format!("compiled graph {key} failed export verification: {why}"))
+    Error::new(
+        Code::QuarantineExportVerification,
+        format!("compiled graph {key} failed export verification: {why}"),
+    )
 }
 
 fn occupied(dest: &Path, why: &str) -> Error {
     Error::io_code(
         Code::IoDestinationOccupied,
         Some(libc::EEXIST),
-        format!("destination {} is not the selected compiled-graph artifact: {why}", dest.display()),
+        format!(
+            "destination {} is not the selected compiled-graph artifact: {why}",
+            dest.display()
+        ),
     )
 }
 
@@ -40,7 +46,9 @@ fn accept_existing(dest: &Path, size: u64, digest: &[u8; 32]) -> Result<()> {
             _ => Error::io(format_args!("cannot open {}", dest.display()), &e),
         })?;
     let id = |m: &std::fs::Metadata| (m.dev(), m.ino(), m.size(), m.mtime(), m.mtime_nsec());
-    let before = f.metadata().map_err(|e| Error::io(format_args!("cannot stat {}", dest.display()), &e))?;
+    let before = f
+        .metadata()
+        .map_err(|e| Error::io(format_args!("cannot stat {}", dest.display()), &e))?;
     if !before.file_type().is_file() {
         return Err(occupied(dest, "it is not a regular file"));
     }
@@ -50,13 +58,16 @@ fn accept_existing(dest: &Path, size: u64, digest: &[u8; 32]) -> Result<()> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f.read(&mut buf).map_err(|e| Error::io(format_args!("cannot read {}", dest.display()), &e))?;
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| Error::io(format_args!("cannot read {}", dest.display()), &e))?;
         if n == 0 {
             break;
         }
         h.update(&buf[..n]);
     }
-    let after = std::fs::symlink_metadata(dest).map_err(|e| Error::io(format_args!("cannot stat {}", dest.display()), &e))?;
+    let after = std::fs::symlink_metadata(dest)
+        .map_err(|e| Error::io(format_args!("cannot stat {}", dest.display()), &e))?;
     if id(&before) != id(&after) {
         return Err(occupied(dest, "it changed while it was compared"));
     }
@@ -73,7 +84,10 @@ impl Engine {
         let lease = self.store.lease().map_err(store_err)?;
         let name = graph_ref(key);
         let Some(target) = self.store.get_ref(&name).map_err(store_err)? else {
-            return Err(Error::new(Code::StoreAbsent, format!("compiled graph {key} is not present")));
+            return Err(Error::new(
+                Code::StoreAbsent,
+                format!("compiled graph {key} is not present"),
+            ));
         };
         let m = target.digest;
         if self.quarantine_marker(key, &m)?.is_some() {
@@ -91,21 +105,31 @@ impl Engine {
                 Ok(man) => man,
                 Err(e) => match classify_store(e) {
                     Verdict::Other(e) => return Err(e),
-                    Verdict::Unreadable => return quarantine_and_fail("unreadable manifest format".into()),
+                    Verdict::Unreadable => {
+                        return quarantine_and_fail("unreadable manifest format".into())
+                    }
                     Verdict::Bad(_, why) => return quarantine_and_fail(why),
                 },
             },
-            Ok(_) => return Err(Error::new(Code::StoreRefMoved, format!("the record of {key} changed during export"))),
+            Ok(_) => {
+                return Err(Error::new(
+                    Code::StoreRefMoved,
+                    format!("the record of {key} changed during export"),
+                ))
+            }
             Err(e) => match classify_store(e) {
                 Verdict::Other(e) => return Err(e),
-                Verdict::Unreadable => return quarantine_and_fail("unreadable manifest format".into()),
+                Verdict::Unreadable => {
+                    return quarantine_and_fail("unreadable manifest format".into())
+                }
                 Verdict::Bad(_, why) => return quarantine_and_fail(why),
             },
         };
         // A temp beside the destination; the store links its copy at that name.
         let (temp, file) = Temp::file(destination)?;
         drop(file);
-        std::fs::remove_file(temp.path()).map_err(|e| Error::io(format_args!("cannot prepare {}", temp.path().display()), &e))?;
+        std::fs::remove_file(temp.path())
+            .map_err(|e| Error::io(format_args!("cannot prepare {}", temp.path().display()), &e))?;
         if let Err(e) = self.store.materialize(&lease, &m, temp.path(), false) {
             return match classify_store(e) {
                 Verdict::Other(e) => Err(e),
@@ -114,7 +138,8 @@ impl Engine {
             };
         }
         // One read pass over the temp: whole-file digest and size, full reader, key.
-        let input = File::open(temp.path()).map_err(|e| Error::io(format_args!("cannot open {}", temp.path().display()), &e))?;
+        let input = File::open(temp.path())
+            .map_err(|e| Error::io(format_args!("cannot open {}", temp.path().display()), &e))?;
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         let tee = Tee::new(input, |b: &[u8]| {
@@ -122,10 +147,19 @@ impl Engine {
             size += b.len() as u64;
             Ok(())
         });
-        let stage = Temp::stage_dir(&self.store.root().join("tmp").join(format!("{}.export", lease.id())))?;
+        let stage = Temp::stage_dir(
+            &self
+                .store
+                .root()
+                .join("tmp")
+                .join(format!("{}.export", lease.id())),
+        )?;
         let mut admission = |md: &crate::artifact::Metadata| -> Result<()> {
             if md.key() != key {
-                return Err(Error::new(Code::QuarantineKeyMismatch, format!("stored metadata states key {}", md.key())));
+                return Err(Error::new(
+                    Code::QuarantineKeyMismatch,
+                    format!("stored metadata states key {}", md.key()),
+                ));
             }
             Ok(())
         };
@@ -145,7 +179,12 @@ impl Engine {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 accept_existing(destination, manifest.size, &manifest.file_digest.0)?;
             }
-            Err(e) => return Err(Error::io(format_args!("cannot publish {}", destination.display()), &e)),
+            Err(e) => {
+                return Err(Error::io(
+                    format_args!("cannot publish {}", destination.display()),
+                    &e,
+                ))
+            }
         }
         drop(temp);
         fsync_parent(destination)?;

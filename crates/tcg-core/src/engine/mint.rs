@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 
 use tcg_cj::Value;
 
-use super::{check_key, store_err, Engine, EnsureOutcome, EnsureResult, Request, Resolved, StoreOutcome, StoreResult};
+use super::{
+    check_key, store_err, Engine, EnsureOutcome, EnsureResult, Request, Resolved, StoreOutcome,
+    StoreResult,
+};
 use crate::artifact::literals::{write_payload, LiteralTensor};
 use crate::artifact::metadata::build_metadata;
 use crate::artifact::publish::Temp;
@@ -54,7 +57,10 @@ fn plan_mismatches(md: &Metadata, plan: &MintOutput, key: &str) -> Vec<&'static 
     check("class_dims", got.class_dims() == want.class_dims());
     check("strict", got.strict() == want.strict());
     check("lora_bucket", got.lora_bucket() == want.lora_bucket());
-    check("literal_values", got.literal_values() == want.literal_values());
+    check(
+        "literal_values",
+        got.literal_values() == want.literal_values(),
+    );
     check("placement", got.placement() == want.placement());
     check("sm", md.sm() == plan.sm);
     let planned_axis = validate_toolchain_block(&plan.toolchain, Code::DeclarationToolchainInvalid)
@@ -87,22 +93,41 @@ impl Engine {
     ) -> Result<EnsureResult> {
         check_key(key)?;
         if let Some(resolved) = self.hit(key, destination, request)? {
-            return Ok(EnsureResult { outcome: EnsureOutcome::Reused, resolved, publication: None });
+            return Ok(EnsureResult {
+                outcome: EnsureOutcome::Reused,
+                resolved,
+                publication: None,
+            });
         }
-        let _lock = self.store.lock_named(key, self.lock_timeout).map_err(store_err)?;
+        let _lock = self
+            .store
+            .lock_named(key, self.lock_timeout)
+            .map_err(store_err)?;
         if let Some(resolved) = self.hit(key, destination, request)? {
-            return Ok(EnsureResult { outcome: EnsureOutcome::Reused, resolved, publication: None });
+            return Ok(EnsureResult {
+                outcome: EnsureOutcome::Reused,
+                resolved,
+                publication: None,
+            });
         }
         let plan = mint()?;
         let publication = self.publish_mint(key, &plan)?;
-        let resolved = self.resolve_with(key, destination, Some(request))?.ok_or_else(|| {
-            Error::new(Code::StoreRefMoved, format!("the record of {key} disappeared after publication"))
-        })?;
+        let resolved = self
+            .resolve_with(key, destination, Some(request))?
+            .ok_or_else(|| {
+                Error::new(
+                    Code::StoreRefMoved,
+                    format!("the record of {key} disappeared after publication"),
+                )
+            })?;
         let bad = plan_mismatches(&resolved.metadata, &plan, key);
         if !bad.is_empty() {
             return Err(Error::new(
                 Code::AdmissionPlanMismatch,
-                format!("artifact does not satisfy the exact graph plan: {}", bad.join(", ")),
+                format!(
+                    "artifact does not satisfy the exact graph plan: {}",
+                    bad.join(", ")
+                ),
             ));
         }
         let outcome = if publication.outcome == StoreOutcome::Divergent {
@@ -111,7 +136,11 @@ impl Engine {
             self.count(super::Counter::Mint);
             EnsureOutcome::Minted
         };
-        Ok(EnsureResult { outcome, resolved, publication: Some(publication) })
+        Ok(EnsureResult {
+            outcome,
+            resolved,
+            publication: Some(publication),
+        })
     }
 
     /// Pack a minted package with its metadata and literal payload, verify the
@@ -119,11 +148,20 @@ impl Engine {
     pub fn publish_mint(&self, key: &str, plan: &MintOutput) -> Result<StoreResult> {
         check_key(key)?;
         let rows = parse_constant_table(&plan.package)?;
-        let metadata = build_metadata(&plan.declaration, &rows, &plan.sm, &plan.toolchain, &plan.host_isa)?;
+        let metadata = build_metadata(
+            &plan.declaration,
+            &rows,
+            &plan.sm,
+            &plan.toolchain,
+            &plan.host_isa,
+        )?;
         if metadata.key() != key {
             return Err(Error::new(
                 Code::AdmissionRecipeKeyMismatch,
-                format!("lazy recipe derives {}, not requested key {key:?}", metadata.key()),
+                format!(
+                    "lazy recipe derives {}, not requested key {key:?}",
+                    metadata.key()
+                ),
             ));
         }
         let work = Temp::stage_dir(&self.store.root().join("tmp").join("mint"))?;
@@ -131,20 +169,30 @@ impl Engine {
             None
         } else {
             let path = work.path().join(crate::artifact::LITERALS_MEMBER);
-            let mut f = File::create(&path).map_err(|e| Error::io(format_args!("cannot create {}", path.display()), &e))?;
+            let mut f = File::create(&path)
+                .map_err(|e| Error::io(format_args!("cannot create {}", path.display()), &e))?;
             write_payload(&mut f, &plan.literals).map_err(|e| {
                 if e.kind() == Kind::Io {
                     e
                 } else {
-                    Error::new(Code::AdmissionLiteralSerialize, format!("cannot serialise literal constants: {}", e.message()))
+                    Error::new(
+                        Code::AdmissionLiteralSerialize,
+                        format!("cannot serialise literal constants: {}", e.message()),
+                    )
                 }
             })?;
             Some(path)
         };
         let envelope = work.path().join(crate::artifact::ENVELOPE_FILE_NAME);
-        pack(&plan.package, &Value::Object(metadata.value().clone()), payload.as_deref(), &envelope)?;
+        pack(
+            &plan.package,
+            &Value::Object(metadata.value().clone()),
+            payload.as_deref(),
+            &envelope,
+        )?;
         let lease = self.store.lease().map_err(store_err)?;
-        let file = File::open(&envelope).map_err(|e| Error::io(format_args!("cannot open {}", envelope.display()), &e))?;
+        let file = File::open(&envelope)
+            .map_err(|e| Error::io(format_args!("cannot open {}", envelope.display()), &e))?;
         let (m, _report) = self.ingest_verified(&lease, file, key, true)?;
         let result = self.decide(&lease, key, m)?;
         lease.end().map_err(store_err)?;

@@ -119,13 +119,19 @@ impl Request {
     /// Validate a request: a non-empty target and a valid toolchain block,
     /// else `admission.request_invalid`.
     pub fn new(target: &str, toolchain: &tcg_cj::Value) -> Result<Request> {
-        let invalid = || Error::new(Code::AdmissionRequestInvalid, "ensure requires target and a recorded toolchain block");
+        let invalid = || {
+            Error::new(
+                Code::AdmissionRequestInvalid,
+                "ensure requires target and a recorded toolchain block",
+            )
+        };
         let target = tcg_cj::trim_w(target).to_lowercase();
         if target.is_empty() {
             return Err(invalid());
         }
-        let toolchain = crate::identity::validate_toolchain_block(toolchain, Code::AdmissionRequestInvalid)
-            .map_err(|e| invalid().context(e.message()))?;
+        let toolchain =
+            crate::identity::validate_toolchain_block(toolchain, Code::AdmissionRequestInvalid)
+                .map_err(|e| invalid().context(e.message()))?;
         Ok(Request { target, toolchain })
     }
 
@@ -135,7 +141,10 @@ impl Request {
         if !(sm == self.target || (self.target == "cpu" && sm.starts_with("cpu-"))) {
             return Err(Error::new(
                 Code::AdmissionTargetMismatch,
-                format!("stored artifact is for sm {sm:?}, requested target is {:?}", self.target),
+                format!(
+                    "stored artifact is for sm {sm:?}, requested target is {:?}",
+                    self.target
+                ),
             ));
         }
         let stored = crate::identity::toolchain_axis(metadata.toolchain());
@@ -161,7 +170,10 @@ impl Engine {
     /// Open (creating if needed) the store at `root`.
     pub fn open(root: impl AsRef<Path>) -> Result<Engine> {
         let store = Store::open(root.as_ref()).map_err(store_err)?;
-        Ok(Engine { store, lock_timeout: None })
+        Ok(Engine {
+            store,
+            lock_timeout: None,
+        })
     }
 
     /// Wait at most `timeout` for another process's mint of the same key
@@ -203,8 +215,18 @@ pub fn quarantine_ref(key: &str, manifest: &Digest) -> String {
 pub fn store_err(err: StoreError) -> Error {
     let message = err.to_string();
     match &err {
-        StoreError::Io { source, .. } => Error::io_code(Code::IoError, source.raw_os_error(), message),
-        StoreError::DestinationOccupied { .. } => Error::io_code(Code::IoDestinationOccupied, Some(17), message),
-        _ => Error::new(Code::from_str_code(err.code()).unwrap_or(Code::StoreRefInvalid), message),
+        StoreError::Io { source, .. } => {
+            Error::io_code(Code::IoError, source.raw_os_error(), message)
+        }
+        StoreError::DestinationOccupied { .. } => {
+            Error::io_code(Code::IoDestinationOccupied, Some(17), message)
+        }
+        _ => Error::new(
+            Code::from_str_code(err.code()).unwrap_or(Code::StoreRefInvalid),
+            message,
+        ),
     }
 }
+
+#[cfg(test)]
+mod tests;

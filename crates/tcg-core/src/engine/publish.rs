@@ -27,7 +27,9 @@ fn replaceable(engine: &Engine, lease: &Lease, key: &str, current: &Digest) -> R
         Err(e) => return Err(store_err(e)),
     };
     match read_metadata_member(reader) {
-        Ok(bytes) => Ok(matches!(format_of(&bytes), Some(f) if f != crate::identity::COMPILED_GRAPH_FORMAT)),
+        Ok(bytes) => {
+            Ok(matches!(format_of(&bytes), Some(f) if f != crate::identity::COMPILED_GRAPH_FORMAT))
+        }
         // A healthy-looking incumbent whose bytes fail here is for resolve to
         // quarantine; publication only replaces what is already marked.
         Err(_) => Ok(false),
@@ -47,9 +49,17 @@ impl Engine {
     ) -> Result<(Digest, EnvelopeReport)> {
         let mut writer: ChunkedWriter<'_> = self.store.chunked_writer(lease);
         let mut sink_error: Option<Error> = None;
-        let stage_dest = self.store.root().join("tmp").join(format!("{}.verify", lease.id()));
+        let stage_dest = self
+            .store
+            .root()
+            .join("tmp")
+            .join(format!("{}.verify", lease.id()));
         let stage = Temp::stage_dir(&stage_dest)?;
-        let host = if admit_host { Some(host_facts()?) } else { None };
+        let host = if admit_host {
+            Some(host_facts()?)
+        } else {
+            None
+        };
         let mut admission = |md: &Metadata| -> Result<()> {
             if md.key() != key {
                 return Err(Error::new(
@@ -66,7 +76,9 @@ impl Engine {
             writer.write_all(bytes).map_err(|e| {
                 let kind = e.kind();
                 let errno = e.raw_os_error();
-                sink_error = Some(store_err(tcg_cas::StoreError::from_io(e, "ingest", "envelope")));
+                sink_error = Some(store_err(tcg_cas::StoreError::from_io(
+                    e, "ingest", "envelope",
+                )));
                 match errno {
                     Some(n) => std::io::Error::from_raw_os_error(n),
                     None => std::io::Error::from(kind),
@@ -91,7 +103,11 @@ impl Engine {
         let mut current = self.store.get_ref(&name).map_err(store_err)?;
         let outcome = loop {
             match current {
-                None => match self.store.compare_and_swap(&name, None, Some(&desired)).map_err(store_err)? {
+                None => match self
+                    .store
+                    .compare_and_swap(&name, None, Some(&desired))
+                    .map_err(store_err)?
+                {
                     CasOutcome::Matched => {
                         if let Some(q) = &q {
                             self.retire(key, &m, q)?;
@@ -117,7 +133,11 @@ impl Engine {
                 }
                 Some(c) => {
                     if replaceable(self, lease, key, &c.digest)? {
-                        match self.store.compare_and_swap(&name, Some(&c), Some(&desired)).map_err(store_err)? {
+                        match self
+                            .store
+                            .compare_and_swap(&name, Some(&c), Some(&desired))
+                            .map_err(store_err)?
+                        {
                             CasOutcome::Matched => {
                                 if let Some(q) = &q {
                                     self.retire(key, &m, q)?;
@@ -145,15 +165,23 @@ impl Engine {
                 }
             }
         };
-        Ok(StoreResult { outcome, key: key.to_string(), manifest: m.to_hex() })
+        Ok(StoreResult {
+            outcome,
+            key: key.to_string(),
+            manifest: m.to_hex(),
+        })
     }
 
     /// Import an envelope file under `key` (SPEC-v1 §10.6): full verification,
     /// host admission before any ref is written, then publication.
     pub fn import_artifact(&self, key: &str, path: &Path) -> Result<StoreResult> {
         check_key(key)?;
-        let file = File::open(path).map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
-        let size = file.metadata().map_err(|e| Error::io(format_args!("cannot stat {}", path.display()), &e))?.len();
+        let file = File::open(path)
+            .map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
+        let size = file
+            .metadata()
+            .map_err(|e| Error::io(format_args!("cannot stat {}", path.display()), &e))?
+            .len();
         crate::artifact::envelope::check_compressed_size(size)?;
         let lease = self.store.lease().map_err(store_err)?;
         let (m, _report) = self.ingest_verified(&lease, file, key, true)?;
@@ -164,10 +192,16 @@ impl Engine {
 }
 
 /// Whether a verified stored record's bytes fail now: used by export.
-pub(crate) fn bad_read(err: Error, evidence: &Evidence) -> std::result::Result<(Code, String), Error> {
+pub(crate) fn bad_read(
+    err: Error,
+    evidence: &Evidence,
+) -> std::result::Result<(Code, String), Error> {
     match classify_read(err, evidence) {
         Verdict::Bad(code, why) => Ok((code, why)),
-        Verdict::Unreadable => Ok((Code::QuarantineExportVerification, "unreadable format".into())),
+        Verdict::Unreadable => Ok((
+            Code::QuarantineExportVerification,
+            "unreadable format".into(),
+        )),
         Verdict::Other(e) => Err(e),
     }
 }

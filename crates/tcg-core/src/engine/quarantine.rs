@@ -30,12 +30,20 @@ pub(crate) fn marker_bytes(key: &str, manifest: &Digest, marker: &str) -> Vec<u8
 impl Engine {
     /// The current quarantine marker of (key, manifest), if any.
     pub(crate) fn quarantine_marker(&self, key: &str, manifest: &Digest) -> Result<Option<Target>> {
-        self.store.get_ref(&quarantine_ref(key, manifest)).map_err(store_err)
+        self.store
+            .get_ref(&quarantine_ref(key, manifest))
+            .map_err(store_err)
     }
 
     /// Quarantine (key, manifest) with a new marker generation. Never deletes
     /// bytes and never moves the graph ref.
-    pub(crate) fn quarantine(&self, lease: &Lease, key: &str, manifest: &Digest, event: Code) -> Result<()> {
+    pub(crate) fn quarantine(
+        &self,
+        lease: &Lease,
+        key: &str,
+        manifest: &Digest,
+        event: Code,
+    ) -> Result<()> {
         let name = quarantine_ref(key, manifest);
         loop {
             let old = self.store.get_ref(&name).map_err(store_err)?;
@@ -64,7 +72,11 @@ impl Engine {
     /// a fresh quarantine.
     pub(crate) fn retire(&self, key: &str, manifest: &Digest, observed: &Target) -> Result<()> {
         let name = quarantine_ref(key, manifest);
-        match self.store.compare_and_swap(&name, Some(observed), None).map_err(store_err)? {
+        match self
+            .store
+            .compare_and_swap(&name, Some(observed), None)
+            .map_err(store_err)?
+        {
             CasOutcome::Matched | CasOutcome::AlreadyEqual => Ok(()),
             CasOutcome::Conflict(_) => Err(Error::new(
                 Code::QuarantineConcurrent,

@@ -32,7 +32,10 @@ pub(crate) struct Evidence(Rc<RefCell<Option<String>>>);
 
 impl Evidence {
     pub(crate) fn reader<R: Read>(&self, inner: R) -> EvidenceReader<R> {
-        EvidenceReader { inner, seen: Rc::clone(&self.0) }
+        EvidenceReader {
+            inner,
+            seen: Rc::clone(&self.0),
+        }
     }
     pub(crate) fn take(&self) -> Option<String> {
         self.0.borrow_mut().take()
@@ -73,7 +76,9 @@ pub(crate) enum Verdict {
 pub(crate) fn classify_store(err: StoreError) -> Verdict {
     match err {
         StoreError::RecordFormatUnsupported { .. } => Verdict::Unreadable,
-        e if e.is_bad_stored_bytes() => Verdict::Bad(Code::QuarantineStoreVerification, e.to_string()),
+        e if e.is_bad_stored_bytes() => {
+            Verdict::Bad(Code::QuarantineStoreVerification, e.to_string())
+        }
         e => Verdict::Other(store_err(e)),
     }
 }
@@ -84,8 +89,13 @@ pub(crate) fn classify_read(err: Error, evidence: &Evidence) -> Verdict {
     }
     match (err.kind(), err.code()) {
         (_, Code::ArtifactFormatUnsupported) => Verdict::Unreadable,
-        (_, Code::QuarantineKeyMismatch) => Verdict::Bad(Code::QuarantineKeyMismatch, err.message().to_string()),
-        (Kind::Artifact, _) => Verdict::Bad(Code::QuarantineArtifactVerification, err.message().to_string()),
+        (_, Code::QuarantineKeyMismatch) => {
+            Verdict::Bad(Code::QuarantineKeyMismatch, err.message().to_string())
+        }
+        (Kind::Artifact, _) => Verdict::Bad(
+            Code::QuarantineArtifactVerification,
+            err.message().to_string(),
+        ),
         _ => Verdict::Other(err),
     }
 }
@@ -106,7 +116,11 @@ impl Engine {
                 return Ok(None);
             };
             if self.quarantine_marker(key, &target.digest)?.is_some() {
-                return Err(quarantined(Code::QuarantinePresent, key, "its record is quarantined"));
+                return Err(quarantined(
+                    Code::QuarantinePresent,
+                    key,
+                    "its record is quarantined",
+                ));
             }
             match self.store.pin_ref(lease, &name) {
                 Ok(Some(t)) if t == target => return Ok(Some(Ok(t))),
@@ -117,7 +131,12 @@ impl Engine {
     }
 
     /// [`Engine::resolve`] with the request check of `ensure` as extra admission.
-    pub(crate) fn resolve_with(&self, key: &str, destination: &Path, request: Option<&Request>) -> Result<Option<Resolved>> {
+    pub(crate) fn resolve_with(
+        &self,
+        key: &str,
+        destination: &Path,
+        request: Option<&Request>,
+    ) -> Result<Option<Resolved>> {
         check_key(key)?;
         let result = self.resolve_inner(key, destination, request);
         match &result {
@@ -129,7 +148,12 @@ impl Engine {
         result
     }
 
-    fn resolve_inner(&self, key: &str, destination: &Path, request: Option<&Request>) -> Result<Option<Resolved>> {
+    fn resolve_inner(
+        &self,
+        key: &str,
+        destination: &Path,
+        request: Option<&Request>,
+    ) -> Result<Option<Resolved>> {
         let lease = self.store.lease().map_err(store_err)?;
         let target = match self.select(&lease, key)? {
             None => return Ok(None),
@@ -168,7 +192,9 @@ impl Engine {
                     format!("stored metadata states key {}, expected {key}", md.key()),
                 ));
             }
-            let host = host.as_ref().map_err(|e| Error::new(e.code(), e.message()))?;
+            let host = host
+                .as_ref()
+                .map_err(|e| Error::new(e.code(), e.message()))?;
             md.host_isa().admit_on(host)?;
             if let Some(req) = request {
                 req.admit(md)?;
@@ -193,10 +219,17 @@ impl Engine {
         publish_stage(stage, destination)?;
         // Post-publication re-check of the selection (step 11).
         if self.store.get_ref(&graph_ref(key)).map_err(store_err)? != Some(target) {
-            return Err(Error::new(Code::StoreRefMoved, format!("the record of {key} changed during resolution")));
+            return Err(Error::new(
+                Code::StoreRefMoved,
+                format!("the record of {key} changed during resolution"),
+            ));
         }
         if self.quarantine_marker(key, &manifest)?.is_some() {
-            return Err(quarantined(Code::QuarantineConcurrent, key, "received a quarantine during resolution"));
+            return Err(quarantined(
+                Code::QuarantineConcurrent,
+                key,
+                "received a quarantine during resolution",
+            ));
         }
         // Best effort: the last use only orders eviction under a size budget.
         let _ = self.store.record_use(&graph_ref(key));

@@ -1,0 +1,178 @@
+//! Shared fixtures of the engine tests: the reference artifact minted by the
+//! original implementation (a real AOTInductor CPU package) and variants of it.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use tcg_cj::Value;
+use tcg_core::artifact::envelope::envelope_bytes;
+use tcg_core::artifact::{build_metadata, parse_constant_table, read_metadata};
+use tcg_core::engine::MintOutput;
+use tcg_core::host_isa::HostIsa;
+use tcg_core::identity::GraphClassDeclaration;
+use tcg_core::Code;
+
+pub const KEY: &str = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004ba1cd363a";
+
+pub fn reference() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/reference-0.2.0/mlp-cpu.tar.gz")
+}
+
+/// The reference envelope's members, read with the system `tar`.
+pub fn members(dir: &Path) -> PathBuf {
+    let out = dir.join("members");
+    std::fs::create_dir_all(&out).unwrap();
+    let ok = std::process::Command::new("tar")
+        .arg("xzf")
+        .arg(reference())
+        .arg("-C")
+        .arg(&out)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    out
+}
+
+/// What a mint of the reference graph returns: its package and recorded facts.
+pub fn reference_mint(dir: &Path) -> MintOutput {
+    let md = read_metadata(&reference()).unwrap();
+    let m = members(dir);
+    MintOutput {
+        package: m.join("model.pt2"),
+        declaration: GraphClassDeclaration::from_graph_class_value(
+            md.value()["graph_class"].as_object().unwrap(),
+        )
+        .unwrap(),
+        sm: md.sm().to_string(),
+        toolchain: md.value()["toolchain"].clone(),
+        host_isa: md.host_isa().clone(),
+        literals: vec![],
+    }
+}
+
+/// A second, different but valid envelope for the same key: the reference
+/// package with one extra, ignored zip member.
+pub fn divergent_envelope(dir: &Path) -> PathBuf {
+    let m = members(dir);
+    let pkg = dir.join("divergent.pt2");
+    std::fs::copy(m.join("model.pt2"), &pkg).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&pkg)
+        .unwrap();
+    let mut z = zip::ZipWriter::new_append(f).unwrap();
+    z.start_file(
+        "model/extra-note.txt",
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored),
+    )
+    .unwrap();
+    z.write_all(b"a second mint of the same graph\n").unwrap();
+    z.finish().unwrap();
+    let md = read_metadata(&reference()).unwrap();
+    let out = dir.join("divergent.tar.gz");
+    tcg_core::artifact::pack(&pkg, &Value::Object(md.value().clone()), None, &out).unwrap();
+    out
+}
+
+/// An envelope whose recorded host code is for another machine (aarch64),
+/// written without package verification so that admission is what refuses it.
+pub fn foreign_host_envelope(dir: &Path) -> (String, PathBuf) {
+    let md = read_metadata(&reference()).unwrap();
+    let m = members(dir);
+    let rows = parse_constant_table(&m.join("model.pt2")).unwrap();
+    let decl = GraphClassDeclaration::from_graph_class_value(
+        md.value()["graph_class"].as_object().unwrap(),
+    )
+    .unwrap();
+    let facts: Value = tcg_cj::parse_strict(
+        br#"{"cpp_march":"native","cpp_simdlen":"native","host_isa_features":"asimd,fp","host_isa_level":"native","machine":"aarch64"}"#,
+    )
+    .unwrap();
+    let host = HostIsa::from_value(&facts, Code::ArtifactHostIsaInvalid).unwrap();
+    let foreign = build_metadata(
+        &decl,
+        &rows,
+        "cpu-aarch64-native",
+        &md.value()["toolchain"],
+        &host,
+    )
+    .unwrap();
+    let mut pkg = Vec::new();
+    std::fs::File::open(m.join("model.pt2"))
+        .unwrap()
+        .read_to_end(&mut pkg)
+        .unwrap();
+    let bytes = envelope_bytes(foreign.bytes(), &pkg, None).unwrap();
+    let out = dir.join("foreign.tar.gz");
+    std::fs::write(&out, bytes).unwrap();
+    (foreign.key().to_string(), out)
+}
+
+/// Flip one byte of every object file of the store (after making it writable).
+pub fn corrupt_objects(root: &Path, larger_than: u64) -> usize {
+    let mut n = 0;
+    for entry in walk(&root.join("objects")) {
+        let meta = std::fs::metadata(&entry).unwrap();
+        if meta.len() > larger_than {
+            let mut perms = meta.permissions();
+            #[allow(clippy::permissions_set_readonly_false)]
+            perms.set_readonly(false);
+            std::fs::set_permissions(&entry, perms).unwrap();
+            let mut bytes = std::fs::read(&entry).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x40;
+            std::fs::write(&entry, bytes).unwrap();
+            n += 1;
+        }
+    }
+    n
+}
+
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Names and bytes of every file in a directory, sorted.
+pub fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Entries beside `dest` whose names start with `.<dest name>.` (stages, temps).
+pub fn leftovers(dest: &Path) -> Vec<PathBuf> {
+    let name = dest.file_name().unwrap().to_string_lossy().into_owned();
+    std::fs::read_dir(dest.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&format!(".{name}."))
+        })
+        .collect()
+}
