@@ -1,0 +1,326 @@
+"""The sole compile policy and the AOTInductor compile of one graph class (SPEC-v1 §11).
+
+One policy object, :data:`POLICY`, is defined here and nowhere else. It drives
+the inductor options of every compile and the two metadata stamps
+(``package_constants_in_so`` and ``constant_folding_fenced``). The public API
+takes no compiler, packager, options, context or callback. Every option and
+the reason for it is listed in ``docs/compile-policy.md``.
+
+torch is imported lazily, inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import AdmissionError, CompileError
+from .runtime import RuntimeCompatibility, impose_clamp
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+__all__ = ["POLICY", "CompilePolicy", "compile_package", "literal_tensors"]
+
+
+@dataclass(frozen=True)
+class CompilePolicy:
+    """The compile policy: fixed inductor options plus the stamps derived from them.
+
+    Instances are immutable; accessors return copies. Only :data:`POLICY` is
+    used by the compiler.
+    """
+
+    #: Inductor options that shape generated code; they enter ``settings_declaration``.
+    code_options: tuple[tuple[str, object], ...]
+    #: Inductor options that are topology, not identity (compile threads).
+    topology_options: tuple[tuple[str, object], ...]
+
+    def inductor_options(self) -> dict[str, object]:
+        """Every inductor option passed to the compiler (a fresh copy)."""
+        return {**dict(self.code_options), **dict(self.topology_options)}
+
+    def settings_declaration(self) -> dict[str, object]:
+        """The identity-relevant options, folded into the toolchain's ``settings_declaration``."""
+        return {"policy": "tcg-compile-policy-v1", "inductor": dict(self.code_options)}
+
+    @property
+    def package_constants_in_so(self) -> bool:
+        """The metadata stamp: whether the package embeds constants (always ``False``)."""
+        return bool(dict(self.code_options)["aot_inductor.package_constants_in_so"])
+
+    @property
+    def constant_folding_fenced(self) -> bool:
+        """The metadata stamp: no weight value can be folded or inlined into code."""
+        options = dict(self.code_options)
+        return (
+            options["freezing"] is False
+            and options["always_keep_tensor_constants"] is True
+            and options["joint_graph_constant_folding"] is False
+            and options["aot_inductor.package_constants_in_so"] is False
+        )
+
+
+#: The sole compile policy. See docs/compile-policy.md for the reason behind each option.
+POLICY = CompilePolicy(
+    code_options=(
+        ("aot_inductor.package", True),
+        ("aot_inductor.package_constants_in_so", False),
+        ("aot_inductor.use_runtime_constant_folding", False),
+        ("always_keep_tensor_constants", True),
+        ("freezing", False),
+        ("joint_graph_constant_folding", False),
+    ),
+    topology_options=(("compile_threads", 1),),
+)
+
+if POLICY.package_constants_in_so or not POLICY.constant_folding_fenced:  # pragma: no cover
+    raise ImportError("the compile policy must be code-only and constant-folding fenced")
+
+
+# --------------------------------------------------------------------------- inputs and context
+
+
+def _program(value: object) -> ExportedProgram:
+    """The ExportedProgram of ``value`` (a program or a ``GraphClassSpec``)."""
+    from torch.export import ExportedProgram
+
+    program = getattr(value, "program", value) if not isinstance(value, ExportedProgram) else value
+    if not isinstance(program, ExportedProgram):
+        raise CompileError(
+            f"compile needs a torch.export.ExportedProgram, got {type(value).__module__}."
+            f"{type(value).__qualname__}",
+            "compile.program_invalid",
+        )
+    return program
+
+
+def _compile_inputs(program: ExportedProgram) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` rebuilt from the user-input placeholders' ``meta["val"]`` and the in-spec."""
+    from torch.export.graph_signature import InputKind
+    from torch.utils._pytree import tree_unflatten
+
+    placeholders = [n for n in program.graph_module.graph.nodes if n.op == "placeholder"]
+    specs = program.graph_signature.input_specs
+    if len(placeholders) != len(specs):
+        raise CompileError(
+            f"program signature lists {len(specs)} inputs but the graph has {len(placeholders)}",
+            "compile.program_invalid",
+        )
+    values = []
+    for node, spec in zip(placeholders, specs, strict=True):
+        if spec.kind != InputKind.USER_INPUT:
+            continue
+        if "val" not in node.meta:
+            raise CompileError(
+                f"user input placeholder {node.name!r} has no recorded value (meta['val'])",
+                "compile.program_invalid",
+            )
+        values.append(node.meta["val"])
+    in_spec = program.call_spec.in_spec
+    if in_spec is None or in_spec.num_leaves != len(values):
+        raise CompileError(
+            f"program in-spec does not match its {len(values)} user inputs",
+            "compile.program_invalid",
+        )
+    tree = tree_unflatten(values, in_spec)
+    if not (isinstance(tree, tuple) and len(tree) == 2):
+        raise CompileError("program in-spec is not (args, kwargs)", "compile.program_invalid")
+    args, kwargs = tree
+    return tuple(args), dict(kwargs)
+
+
+def _compile_context(program: ExportedProgram) -> tuple[Any, Any]:
+    """The unique ``(FakeTensorMode, ShapeEnv)`` of the graph's recorded values (§11 rule 5)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._pytree import tree_leaves
+
+    modes: dict[int, Any] = {}
+    envs: dict[int, Any] = {}
+
+    def note_sym(value: Any) -> None:
+        env = getattr(getattr(value, "node", None), "shape_env", None)
+        if env is not None:
+            envs[id(env)] = env
+
+    for node in program.graph_module.graph.nodes:
+        for key in ("val", "example_value"):
+            if key not in node.meta:
+                continue
+            for leaf in tree_leaves(node.meta[key]):
+                if isinstance(leaf, FakeTensor):
+                    modes[id(leaf.fake_mode)] = leaf.fake_mode
+                    if leaf.fake_mode.shape_env is not None:
+                        envs[id(leaf.fake_mode.shape_env)] = leaf.fake_mode.shape_env
+                    for dim in leaf.shape:
+                        if isinstance(dim, torch.SymInt):
+                            note_sym(dim)
+                elif isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                    note_sym(leaf)
+    if len(modes) != 1:
+        raise CompileError(
+            f"compile context needs exactly one FakeTensorMode, found {len(modes)}", "compile.context"
+        )
+    if len(envs) != 1:
+        raise CompileError(
+            f"compile context needs exactly one ShapeEnv, found {len(envs)}", "compile.context"
+        )
+    return next(iter(modes.values())), next(iter(envs.values()))
+
+
+def _target_options(runtime: RuntimeCompatibility, requirement: Mapping[str, str]) -> dict[str, object]:
+    """Options that follow the runtime and the clamp; they are host/target facts, not policy."""
+    options: dict[str, object] = {}
+    if requirement["cpp_march"] != "native":
+        options["cpp.march"] = requirement["cpp_march"]
+        options["cpp.simdlen"] = int(requirement["cpp_simdlen"])
+    if runtime.target != "cpu":
+        # Exactly the target architecture: sm_90a compiles architecture-specific code.
+        options["cuda.arch"] = runtime.target.removeprefix("sm_")
+        options["aot_inductor.emit_multi_arch_kernel"] = False
+    return options
+
+
+# --------------------------------------------------------------------------- compile and package
+
+
+def compile_package(
+    spec_program: object,
+    package_name: str,
+    runtime: RuntimeCompatibility,
+    workdir: str | os.PathLike[str],
+) -> Path:
+    """Compile ``spec_program`` under :data:`POLICY` into ``workdir/model.pt2``.
+
+    ``spec_program`` is a ``torch.export.ExportedProgram`` or a
+    ``GraphClassSpec``. The package is code-only and has exactly one entry,
+    ``package_name`` (the graph class's display name). Failures raise
+    ``CompileError`` with codes ``compile.program_invalid``,
+    ``compile.host_policy``, ``compile.context``, ``compile.failed``,
+    ``compile.result_invalid`` or ``compile.package_failed``.
+    """
+    program = _program(spec_program)
+    if not isinstance(package_name, str) or not package_name or package_name != package_name.strip():
+        raise CompileError(
+            f"package entry name must be a non-empty trimmed string, got {package_name!r}",
+            "compile.package_failed",
+        )
+    if not isinstance(runtime, RuntimeCompatibility):
+        raise CompileError(
+            f"runtime must be a RuntimeCompatibility, got {type(runtime).__qualname__}",
+            "compile.program_invalid",
+        )
+    requirement = impose_clamp(CompileError, "compile.host_policy")
+    args, kwargs = _compile_inputs(program)
+    mode, env = _compile_context(program)
+    options = {**POLICY.inductor_options(), **_target_options(runtime, requirement)}
+
+    import torch._inductor
+    from torch._guards import TracingContext, tracing
+
+    previous_env = mode.shape_env
+    try:
+        mode.shape_env = env
+        module = program.module(check_guards=False)
+        with tracing(TracingContext(mode)):
+            files = torch._inductor.aot_compile(module, args, kwargs, options=options)
+    except CompileError:
+        raise
+    except Exception as exc:
+        raise CompileError(
+            f"AOTInductor compile failed: {type(exc).__name__}: {exc}", "compile.failed"
+        ) from exc
+    finally:
+        mode.shape_env = previous_env
+    if not isinstance(files, list) or not files:
+        raise CompileError(
+            f"AOTInductor returned {type(files).__qualname__}, not a non-empty list of files",
+            "compile.result_invalid",
+        )
+    for item in files:
+        if isinstance(item, str) and not os.path.isfile(item):
+            raise CompileError(f"AOTInductor result names a missing file: {item}", "compile.result_invalid")
+    return _package(files, package_name, Path(workdir))
+
+
+def _package(files: list[Any], package_name: str, workdir: Path) -> Path:
+    from torch._inductor.package.package import package_aoti
+
+    target = workdir / "model.pt2"
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        result = package_aoti(os.fspath(target), {package_name: files})
+    except Exception as exc:
+        raise CompileError(
+            f"AOTInductor packaging failed: {type(exc).__name__}: {exc}", "compile.package_failed"
+        ) from exc
+    if not isinstance(result, (str, os.PathLike)) or Path(result) != target or not target.is_file():
+        raise CompileError(
+            f"AOTInductor packaging wrote {result!r}, expected {target}", "compile.package_failed"
+        )
+    entries = _package_entries(target)
+    if entries != [package_name]:
+        raise CompileError(
+            f"package must hold exactly one entry {package_name!r}, found {entries!r}",
+            "compile.package_failed",
+        )
+    return target
+
+
+def _package_entries(path: Path) -> list[str]:
+    """The AOTInductor entry names in a ``.pt2`` zip (``<root>/data/aotinductor/<name>/…``)."""
+    marker = "/data/aotinductor/"
+    entries: set[str] = set()
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            _, found, rest = name.partition(marker)
+            if found and "/" in rest:
+                entries.add(rest.rsplit("/", 1)[0])
+    return sorted(entries)
+
+
+# --------------------------------------------------------------------------- literal payload
+
+
+def literal_tensors(program: object, rows: Iterable[Mapping[str, Any] | tuple[str, str]]) -> dict[str, Any]:
+    """The exported value of every literal row of the wrapper table, by fqn (SPEC-v1 §11 rule 8).
+
+    ``rows`` are the package's literal constant rows: mappings with ``fqn``
+    (and optionally ``name``) or ``(fqn, name)`` pairs. Each value is looked up
+    in ``program.constants`` under its fqn, falling back to the row's name, and
+    returned detached, on CPU and contiguous. A literal whose exported name the
+    compiler erased (it shows up as a generated name such as
+    ``_tensor_constant0``) is refused with ``admission.literal_unbound``.
+    """
+    import torch
+
+    exported = _program(program)
+    constants = exported.constants
+    out: dict[str, Any] = {}
+    for row in rows:
+        if isinstance(row, Mapping):
+            fqn, name = str(row["fqn"]), str(row.get("name") or row["fqn"])
+        else:
+            fqn, name = str(row[0]), str(row[1])
+        value = constants.get(fqn)
+        if value is None:
+            value = constants.get(name)
+        if not isinstance(value, torch.Tensor):
+            raise AdmissionError(
+                f"declared literal constant '{fqn}' has no exported value; "
+                "register durable tensors as buffers",
+                "admission.literal_unbound",
+            )
+        try:
+            out[fqn] = value.detach().cpu().contiguous()
+        except Exception as exc:
+            raise AdmissionError(
+                f"literal constant '{fqn}' cannot be serialised: {type(exc).__name__}: {exc}",
+                "admission.literal_serialize",
+            ) from exc
+    return out
