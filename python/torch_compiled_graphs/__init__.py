@@ -7,6 +7,14 @@ graph classes from exported programs, compiling, running) import torch lazily.
 
 from __future__ import annotations
 
+from .engine import (
+    Engine,
+    EnsureOutcome,
+    EnsureResult,
+    StoredCompiledGraph,
+    StoreOutcome,
+    StoreResult,
+)
 from .errors import (
     AdmissionError,
     ArtifactError,
@@ -22,6 +30,7 @@ from .identity import (
     GraphClassDeclaration,
     is_compiled_graph_key,
 )
+from .store import LocalCAS
 
 __all__ = [
     "COMPILED_GRAPH_FORMAT",
@@ -30,9 +39,16 @@ __all__ = [
     "CompileError",
     "CompiledGraphKey",
     "DeclarationError",
+    "Engine",
+    "EnsureOutcome",
+    "EnsureResult",
     "GraphClassDeclaration",
     "IdentityError",
+    "LocalCAS",
     "QuarantinedArtifact",
     "StorageError",
+    "StoreOutcome",
+    "StoreResult",
+    "StoredCompiledGraph",
     "is_compiled_graph_key",
 ]

@@ -8,6 +8,7 @@ mod engine;
 mod errors;
 mod host;
 mod identity;
+mod store;
 
 use pyo3::prelude::*;
 
@@ -17,6 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     identity::register(m)?;
     host::register(m)?;
     engine::register(m)?;
+    store::register(m)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(error_codes, m)?)?;
     Ok(())
