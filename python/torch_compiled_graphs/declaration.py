@@ -45,9 +45,7 @@ def _require_program(program: object) -> ExportedProgram:
     try:
         from torch.export import ExportedProgram
     except ImportError as exc:  # pragma: no cover - torch is a declared extra
-        raise DeclarationError(
-            f"declaring a graph class needs torch: {exc}", "declaration.program_invalid"
-        ) from exc
+        raise DeclarationError(f"declaring a graph class needs torch: {exc}", "declaration.program_invalid") from exc
     if not isinstance(program, ExportedProgram):
         raise DeclarationError(
             f"a graph class needs a torch.export.ExportedProgram, got {type(program).__module__}."
@@ -194,9 +192,7 @@ def _node_lines(program: ExportedProgram, table: _Symbols) -> list[str]:
         present, value = _meta_value(node)
         rendered = _val(value, table) if present else "-"
         ph = f"arg{i}" if node.op == "placeholder" else ""
-        lines.append(
-            f"node {i} {node.op} {_target(node)} {ph} args=({args}) kwargs=({kwargs}) val={rendered}"
-        )
+        lines.append(f"node {i} {node.op} {_target(node)} {ph} args=({args}) kwargs=({kwargs}) val={rendered}")
     return lines
 
 
@@ -469,19 +465,12 @@ def graph_interface(program: object, ingress: Mapping[str, Any] | None = None) -
     """
     program = _require_program(program)
     in_spec, out_spec, _ = _call_signature(program)
-    from torch.export.graph_signature import InputKind
-
-    lifted = sorted(
-        {
-            str(spec.target)
-            for spec in program.graph_signature.input_specs
-            if spec.kind != InputKind.USER_INPUT and spec.target
-        }
-    )
     return {
         "v": _native.GRAPH_FACTS_VERSION,
         "constant_fqns": constant_fqns(program),
-        "lifted_inputs": lifted,
+        # Call inputs that carry lifted module state (LoRA factors passed as inputs, say) are
+        # known only to the caller, who states them in ``graph``; a derived interface has none.
+        "lifted_inputs": [],
         "pytree": {
             "in": _spec_text(in_spec),
             "out": _spec_text(out_spec),
@@ -492,7 +481,13 @@ def graph_interface(program: object, ingress: Mapping[str, Any] | None = None) -
 
 
 def _spec_text(tree_spec: Any) -> str:
-    return " ".join(str(tree_spec).split())
+    """A tree spec as torch's serialised JSON (``treespec_dumps``), else its one-line text."""
+    from torch.utils._pytree import treespec_dumps
+
+    try:
+        return str(treespec_dumps(tree_spec))
+    except Exception:  # a node type without a serialisation name
+        return " ".join(str(tree_spec).split())
 
 
 # --------------------------------------------------------------------------- the spec
@@ -534,11 +529,15 @@ class GraphClassSpec:
             graph: dict[str, Any] = graph_interface(program, ingress)
             range_digest = self.range_digest if self.range_digest is not None else digest
         else:
-            graph = _deep_copy(dict(self.graph))
-            if self.range_digest is None:
-                ingress_value = (
-                    graph.get("pytree", {}).get("ingress") if isinstance(graph.get("pytree"), dict) else None
+            if not isinstance(self.graph, Mapping):
+                raise DeclarationError(
+                    f"graph must be an object, got {type(self.graph).__qualname__}",
+                    "declaration.graph_invalid",
                 )
+            graph = _deep_copy(self.graph)
+            if self.range_digest is None:
+                pytree = graph.get("pytree")
+                ingress_value = pytree.get("ingress") if isinstance(pytree, dict) else None
                 if ingress_value is None:
                     ingress_value = call_ingress(program)
                 range_digest = _native.ingress_digest(ingress_value)
