@@ -3,6 +3,7 @@
 //! Every rule lives in `tcg-core`; a binding converts its arguments, calls the
 //! core with the GIL released where it does I/O, and maps the error.
 
+mod artifact;
 mod convert;
 mod engine;
 mod errors;
@@ -19,6 +20,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     host::register(m)?;
     engine::register(m)?;
     store::register(m)?;
+    artifact::register(m)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(error_codes, m)?)?;
     Ok(())

@@ -1,0 +1,90 @@
+//! Artifact bindings: pack, unpack, read_metadata, inspect, verify and the
+//! package's constant table, for tools, tests and the mint path.
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use tcg_cj::{Map, Value};
+use tcg_core::artifact;
+use tcg_core::host_isa::HostFacts;
+use tcg_core::Kind;
+
+use crate::convert::{from_value, to_value};
+use crate::errors::IntoPyResult;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(artifact_pack, m)?)?;
+    m.add_function(wrap_pyfunction!(artifact_unpack, m)?)?;
+    m.add_function(wrap_pyfunction!(artifact_read_metadata, m)?)?;
+    m.add_function(wrap_pyfunction!(artifact_inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(artifact_verify, m)?)?;
+    m.add_function(wrap_pyfunction!(package_constant_table, m)?)?;
+    m.add("ENVELOPE_FILE_NAME", artifact::ENVELOPE_FILE_NAME)?;
+    m.add("METADATA_MEMBER", artifact::METADATA_MEMBER)?;
+    m.add("PACKAGE_MEMBER", artifact::PACKAGE_MEMBER)?;
+    m.add("LITERALS_MEMBER", artifact::LITERALS_MEMBER)?;
+    Ok(())
+}
+
+/// Pack `package` (and a literal payload) with `metadata` into a new envelope at `out`.
+#[pyfunction]
+#[pyo3(signature = (package, metadata, literals, out))]
+fn artifact_pack(py: Python<'_>, package: PathBuf, metadata: &Bound<'_, PyAny>, literals: Option<PathBuf>, out: PathBuf) -> PyResult<u64> {
+    let md = to_value(metadata, "metadata").map_err(|e| tcg_core::Error::from_cj(Kind::Artifact, &e)).py()?;
+    let report = py.detach(|| artifact::pack(&package, &md, literals.as_deref(), &out)).py()?;
+    Ok(report.envelope_bytes)
+}
+
+/// Unpack and fully verify an envelope into the new directory `dest`;
+/// with `admit_host`, refuse (before publishing) what this host cannot run.
+#[pyfunction]
+#[pyo3(signature = (path, dest, admit_host=true))]
+fn artifact_unpack<'py>(py: Python<'py>, path: PathBuf, dest: PathBuf, admit_host: bool) -> PyResult<Bound<'py, PyAny>> {
+    let md = py
+        .detach(|| {
+            let host = if admit_host { Some(HostFacts::read()?) } else { None };
+            let mut admission = |m: &artifact::Metadata| -> tcg_core::Result<()> {
+                match &host {
+                    Some(h) => m.host_isa().admit_on(h),
+                    None => Ok(()),
+                }
+            };
+            artifact::unpack(&path, &dest, &mut admission).map(|r| r.metadata)
+        })
+        .py()?;
+    from_value(py, &Value::Object(md.value().clone()))
+}
+
+/// The validated metadata of an envelope (reads only its first member).
+#[pyfunction]
+fn artifact_read_metadata(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyAny>> {
+    let md = py.detach(|| artifact::read_metadata(&path)).py()?;
+    from_value(py, &Value::Object(md.value().clone()))
+}
+
+/// A bounded look: compressed size, metadata size and the metadata.
+#[pyfunction]
+fn artifact_inspect(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyAny>> {
+    let v = py.detach(|| artifact::inspect(&path)).py()?;
+    from_value(py, &v)
+}
+
+/// Verify an envelope completely; with `host`, also admit it on this host.
+#[pyfunction]
+#[pyo3(signature = (path, host=false))]
+fn artifact_verify(py: Python<'_>, path: PathBuf, host: bool) -> PyResult<Bound<'_, PyAny>> {
+    let r = py.detach(|| artifact::verify(&path, host)).py()?;
+    let mut m = Map::new();
+    m.insert("key".into(), r.key().into());
+    m.insert("metadata".into(), Value::Object(r.envelope.metadata.value().clone()));
+    m.insert("package_bytes".into(), Value::Int(r.envelope.package_bytes as i64));
+    m.insert("host_admitted".into(), Value::Bool(r.admitted.is_some()));
+    from_value(py, &Value::Object(m))
+}
+
+/// The package's wrapper constant table as metadata rows (fqn, source, dtype, shape).
+#[pyfunction]
+fn package_constant_table(py: Python<'_>, package: PathBuf) -> PyResult<Bound<'_, PyAny>> {
+    let rows = py.detach(|| artifact::parse_constant_table(&package)).py()?;
+    from_value(py, &Value::Array(rows.iter().map(|r| r.to_value()).collect()))
+}
