@@ -19,7 +19,11 @@ fn reference() -> PathBuf {
 
 fn description() -> tcg_cj::Map {
     let bytes = std::fs::read(reference_dir().join("mlp-cpu.json")).unwrap();
-    tcg_cj::parse_strict(&bytes).unwrap().as_object().unwrap().clone()
+    tcg_cj::parse_strict(&bytes)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .clone()
 }
 
 fn gunzip(path: &Path) -> Vec<u8> {
@@ -46,14 +50,20 @@ fn inspect_reads_the_reference_metadata() {
 #[test]
 fn verify_accepts_the_reference_envelope() {
     let report = artifact::verify(&reference(), false).unwrap();
-    assert_eq!(report.key(), description()["compiled_graph_key"].as_str().unwrap());
+    assert_eq!(
+        report.key(),
+        description()["compiled_graph_key"].as_str().unwrap()
+    );
     assert!(report.admitted.is_none());
     let env = &report.envelope;
     assert_eq!(env.literals_bytes, None);
     assert_eq!(env.package.table.constants.len(), 6);
     assert_eq!(env.package.e_machine, 62);
     assert_eq!(env.tar_bytes % 10_240, 0);
-    assert_eq!(env.compressed_bytes, std::fs::metadata(reference()).unwrap().len());
+    assert_eq!(
+        env.compressed_bytes,
+        std::fs::metadata(reference()).unwrap().len()
+    );
 }
 
 #[test]
