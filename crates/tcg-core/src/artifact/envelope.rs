@@ -7,6 +7,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use super::gzip::{GzipReader, GzipWriter};
@@ -353,6 +354,7 @@ fn create_member(stage: &Path, name: &str) -> Result<File> {
     OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(super::publish::FILE_MODE)
         .open(&path)
         .map_err(|e| Error::io(format_args!("cannot create {}", path.display()), &e))
 }
@@ -442,4 +444,19 @@ pub fn read_envelope<R: Read>(
         compressed_bytes,
         package,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_running_total_is_checked() {
+        let e = check_sizes(&[
+            (PACKAGE_MEMBER, MAX_PACKAGE_BYTES),
+            (PACKAGE_MEMBER, MAX_PACKAGE_BYTES),
+        ])
+        .unwrap_err();
+        assert_eq!(e.code(), Code::ArtifactTotalTooLarge);
+    }
 }

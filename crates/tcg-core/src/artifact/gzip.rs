@@ -85,11 +85,18 @@ pub struct GzipReader<R> {
     out_total: u64,
     in_total: u64,
     ended: bool,
+    limit: u64,
 }
 
 impl<R: Read> GzipReader<R> {
     /// Read and check the gzip header from `inner`.
     pub fn new(inner: R) -> Result<Self> {
+        GzipReader::with_limit(inner, MAX_TAR_BYTES)
+    }
+
+    /// As [`GzipReader::new`], refusing more than `limit` decompressed bytes
+    /// instead of `MAX_TAR_BYTES` (for tests of the ceiling).
+    pub fn with_limit(inner: R, limit: u64) -> Result<Self> {
         let mut r = GzipReader {
             inner,
             buf: vec![0u8; IN_BUF].into_boxed_slice(),
@@ -101,6 +108,7 @@ impl<R: Read> GzipReader<R> {
             out_total: 0,
             in_total: 0,
             ended: false,
+            limit,
         };
         // Gather up to 10 bytes (or what there is) to classify the start.
         while r.len < 10 && !r.eof {
@@ -169,10 +177,10 @@ impl<R: Read> GzipReader<R> {
             }
             if produced > 0 {
                 self.out_total += produced as u64;
-                if self.out_total > MAX_TAR_BYTES {
+                if self.out_total > self.limit {
                     return Err(Error::new(
                         Code::ArtifactDecompressedTooLarge,
-                        format!("envelope decompresses to more than {MAX_TAR_BYTES} bytes"),
+                        format!("envelope decompresses to more than {} bytes", self.limit),
                     ));
                 }
                 self.crc.update(&out[..produced]);
@@ -299,5 +307,64 @@ impl<W: Write> GzipWriter<W> {
         trailer[4..].copy_from_slice(&self.crc.amount().to_le_bytes());
         self.out.write_all(&trailer).map_err(|e| write_err(&e))?;
         Ok(self.out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gz(data: &[u8]) -> Vec<u8> {
+        let mut w = GzipWriter::new(Vec::new()).unwrap();
+        w.write(data).unwrap();
+        w.finish().unwrap()
+    }
+
+    fn drain<R: Read>(r: &mut GzipReader<R>) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = r.read(&mut buf)?;
+            if n == 0 {
+                return Ok(out);
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    #[test]
+    fn a_round_trip_reads_back_and_finishes() {
+        let data: Vec<u8> = (0..100_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        let bytes = gz(&data);
+        let mut r = GzipReader::new(&bytes[..]).unwrap();
+        assert_eq!(drain(&mut r).unwrap(), data);
+        assert_eq!(r.finish().unwrap().0, bytes.len() as u64);
+    }
+
+    #[test]
+    fn the_decompressed_ceiling_is_enforced() {
+        let bytes = gz(&vec![0u8; 100_000]);
+        let mut r = GzipReader::with_limit(&bytes[..], 99_999).unwrap();
+        assert_eq!(
+            drain(&mut r).unwrap_err().code(),
+            Code::ArtifactDecompressedTooLarge
+        );
+        let mut r = GzipReader::with_limit(&bytes[..], 100_000).unwrap();
+        assert_eq!(drain(&mut r).unwrap().len(), 100_000);
+    }
+
+    #[test]
+    fn read_errors_of_the_source_are_io_errors() {
+        struct Failing;
+        impl Read for Failing {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::from_raw_os_error(libc::EIO))
+            }
+        }
+        let err = GzipReader::new(Failing).err().unwrap();
+        assert_eq!(err.code(), Code::IoError);
+        assert_eq!(err.errno(), Some(libc::EIO));
     }
 }
