@@ -3,6 +3,7 @@
 //! every refusal is `artifact.elf_invalid`.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 
 use crate::error::{Code, Error, Result};
 
@@ -75,10 +76,32 @@ fn slice(b: &[u8], off: u64, len: u64) -> Result<&[u8]> {
     Ok(&b[off as usize..end as usize])
 }
 
-/// Parse the section table of an ELF64 little-endian file (§8.6).
-pub fn parse_elf(b: &[u8]) -> Result<ElfInfo> {
-    let size = b.len() as u64;
-    if size < 64 {
+/// The checked ELF header facts (§8.6).
+#[derive(Debug, Clone, Copy)]
+struct Header {
+    size: u64,
+    machine: u16,
+    shoff: u64,
+    shentsize: u64,
+    shnum: u64,
+    shstrndx: u64,
+}
+
+/// The fields of one section header the verifier reads.
+#[derive(Debug, Clone, Copy)]
+struct Sh {
+    name: u32,
+    kind: u32,
+    offset: u64,
+    size: u64,
+}
+
+/// Bytes of each section header that hold the fields read (`sh_size` ends at
+/// +0x28).
+const SH_PREFIX: usize = 0x28;
+
+fn parse_header(b: &[u8], size: u64) -> Result<Header> {
+    if size < 64 || b.len() < 64 {
         return Err(invalid(format_args!(
             "file is {size} bytes, shorter than an ELF64 header"
         )));
@@ -101,57 +124,62 @@ pub fn parse_elf(b: &[u8]) -> Result<ElfInfo> {
     if b[6] != 1 {
         return Err(invalid(format_args!("EI_VERSION is {}, expected 1", b[6])));
     }
-    let machine = u16_at(b, 0x12)?;
-    let shoff = u64_at(b, 0x28)?;
-    let shentsize = u16_at(b, 0x3a)? as u64;
-    let shnum = u16_at(b, 0x3c)? as u64;
-    let shstrndx = u16_at(b, 0x3e)? as u64;
-    if shoff < 64 {
+    let h = Header {
+        size,
+        machine: u16_at(b, 0x12)?,
+        shoff: u64_at(b, 0x28)?,
+        shentsize: u16_at(b, 0x3a)? as u64,
+        shnum: u16_at(b, 0x3c)? as u64,
+        shstrndx: u16_at(b, 0x3e)? as u64,
+    };
+    if h.shoff < 64 {
         return Err(invalid(format_args!(
-            "e_shoff {shoff} lies inside the ELF header"
+            "e_shoff {} lies inside the ELF header",
+            h.shoff
         )));
     }
-    if shnum == 0 {
+    if h.shnum == 0 {
         return Err(invalid(
             "e_shnum is 0 (extended section numbering is unsupported)",
         ));
     }
-    if shentsize < 64 {
+    if h.shentsize < 64 {
         return Err(invalid(format_args!(
-            "e_shentsize {shentsize} is smaller than 64"
+            "e_shentsize {} is smaller than 64",
+            h.shentsize
         )));
     }
-    if shstrndx >= shnum {
+    if h.shstrndx >= h.shnum {
         return Err(invalid(format_args!(
-            "e_shstrndx {shstrndx} is not below e_shnum {shnum}"
+            "e_shstrndx {} is not below e_shnum {}",
+            h.shstrndx, h.shnum
         )));
     }
-    let table_end = shentsize
-        .checked_mul(shnum)
-        .and_then(|t| t.checked_add(shoff))
+    let table_end = h
+        .shentsize
+        .checked_mul(h.shnum)
+        .and_then(|t| t.checked_add(h.shoff))
         .ok_or_else(|| invalid("section table size overflows"))?;
     if table_end > size {
         return Err(invalid(format_args!(
             "section table ends at {table_end}, past the end of the {size}-byte file"
         )));
     }
-    struct Sh {
-        name: u32,
-        kind: u32,
-        offset: u64,
-        size: u64,
-    }
-    let mut sections = Vec::with_capacity(shnum as usize);
-    for i in 0..shnum {
-        let at = shoff + i * shentsize;
-        sections.push(Sh {
-            name: u32_at(b, at)?,
-            kind: u32_at(b, at + 4)?,
-            offset: u64_at(b, at + 0x18)?,
-            size: u64_at(b, at + 0x20)?,
-        });
-    }
-    let st = &sections[shstrndx as usize];
+    Ok(h)
+}
+
+fn section(prefix: &[u8]) -> Result<Sh> {
+    Ok(Sh {
+        name: u32_at(prefix, 0)?,
+        kind: u32_at(prefix, 4)?,
+        offset: u64_at(prefix, 0x18)?,
+        size: u64_at(prefix, 0x20)?,
+    })
+}
+
+/// The range of the section-name string table, checked (§8.6).
+fn strtab_range(h: &Header, sections: &[Sh]) -> Result<(u64, u64)> {
+    let st = &sections[h.shstrndx as usize];
     if st.kind != SHT_STRTAB {
         return Err(invalid(format_args!(
             "section name table has type {}, expected SHT_STRTAB",
@@ -164,12 +192,17 @@ pub fn parse_elf(b: &[u8]) -> Result<ElfInfo> {
             st.size
         )));
     }
-    let strtab = slice(b, st.offset, st.size)
-        .map_err(|_| invalid("section name table lies outside the file"))?;
+    match st.offset.checked_add(st.size) {
+        Some(end) if end <= h.size => Ok((st.offset, st.size)),
+        _ => Err(invalid("section name table lies outside the file")),
+    }
+}
+
+fn finish(h: &Header, sections: &[Sh], strtab: &[u8]) -> Result<ElfInfo> {
     let mut section_sizes: BTreeMap<String, u64> = BTreeMap::new();
     for (i, sh) in sections.iter().enumerate() {
         if sh.kind != SHT_NULL && sh.kind != SHT_NOBITS {
-            let inside = matches!(sh.offset.checked_add(sh.size), Some(e) if e <= size);
+            let inside = matches!(sh.offset.checked_add(sh.size), Some(e) if e <= h.size);
             if !inside {
                 return Err(invalid(format_args!("section {i} lies outside the file")));
             }
@@ -197,9 +230,112 @@ pub fn parse_elf(b: &[u8]) -> Result<ElfInfo> {
         *total = total.saturating_add(sh.size);
     }
     Ok(ElfInfo {
-        machine,
+        machine: h.machine,
         section_sizes,
     })
+}
+
+/// Parse the section table of an ELF64 little-endian file held in memory
+/// (§8.6).
+pub fn parse_elf(b: &[u8]) -> Result<ElfInfo> {
+    let h = parse_header(b, b.len() as u64)?;
+    let sections = (0..h.shnum)
+        .map(|i| section(slice(b, h.shoff + i * h.shentsize, SH_PREFIX as u64)?))
+        .collect::<Result<Vec<Sh>>>()?;
+    let (off, len) = strtab_range(&h, &sections)?;
+    finish(&h, &sections, slice(b, off, len)?)
+}
+
+/// Copy the part of `chunk` (at file offset `at`) that falls in
+/// `[start, start + dst.len())` into `dst`.
+fn capture(chunk: &[u8], at: u64, start: u64, dst: &mut [u8]) {
+    let lo = at.max(start);
+    let hi = (at + chunk.len() as u64).min(start + dst.len() as u64);
+    if lo < hi {
+        dst[(lo - start) as usize..(hi - start) as usize]
+            .copy_from_slice(&chunk[(lo - at) as usize..(hi - at) as usize]);
+    }
+}
+
+/// Stream `src` to its end, handing each chunk and its file offset to `f`;
+/// the stream must hold exactly `size` bytes.
+fn stream(src: &mut dyn Read, size: u64, f: &mut dyn FnMut(&[u8], u64)) -> Result<()> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    loop {
+        let n = match src.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(Error::new(
+                    Code::ArtifactPackageZip,
+                    format!("cannot read package member: {e}"),
+                ))
+            }
+        };
+        f(&buf[..n], at);
+        at += n as u64;
+    }
+    if at != size {
+        return Err(Error::new(
+            Code::ArtifactPackageZip,
+            format!("cannot read package member: it holds {at} bytes, not the declared {size}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A way to read a stream from its start, as often as asked: it calls the
+/// given function with the stream.
+pub type Reopen<'a> = &'a mut dyn FnMut(&mut dyn FnMut(&mut dyn Read) -> Result<()>) -> Result<()>;
+
+/// Parse an ELF64 file of `size` bytes read as a stream, in bounded memory:
+/// one pass for the header and the section headers (reading the whole stream,
+/// so its CRC is checked), and a second for the name table.
+pub fn parse_elf_stream(size: u64, reopen: Reopen<'_>) -> Result<ElfInfo> {
+    let mut head = [0u8; 64];
+    let mut header: Option<Result<Header>> = None;
+    let mut prefixes: Vec<u8> = Vec::new();
+    reopen(&mut |src| {
+        stream(src, size, &mut |chunk, at| {
+            capture(chunk, at, 0, &mut head);
+            if header.is_none() && at + chunk.len() as u64 >= 64 {
+                let h = parse_header(&head, size);
+                if let Ok(h) = &h {
+                    prefixes = vec![0u8; h.shnum as usize * SH_PREFIX];
+                }
+                header = Some(h);
+            }
+            if let Some(Ok(h)) = &header {
+                for i in 0..h.shnum as usize {
+                    let start = h.shoff + i as u64 * h.shentsize;
+                    if start >= at + chunk.len() as u64 {
+                        break;
+                    }
+                    capture(
+                        chunk,
+                        at,
+                        start,
+                        &mut prefixes[i * SH_PREFIX..(i + 1) * SH_PREFIX],
+                    );
+                }
+            }
+        })
+    })?;
+    let h = header.unwrap_or_else(|| parse_header(&head, size))?;
+    let sections = prefixes
+        .chunks(SH_PREFIX)
+        .map(section)
+        .collect::<Result<Vec<Sh>>>()?;
+    let (off, len) = strtab_range(&h, &sections)?;
+    let mut strtab = vec![0u8; len as usize];
+    reopen(&mut |src| {
+        stream(src, size, &mut |chunk, at| {
+            capture(chunk, at, off, &mut strtab)
+        })
+    })?;
+    finish(&h, &sections, &strtab)
 }
 
 /// A minimal valid ELF64 little-endian shared object for tests and the
@@ -249,6 +385,45 @@ mod tests {
         assert_eq!(info.machine, 62);
         assert_eq!(info.section_size(".lrodata"), 100);
         assert_eq!(info.section_size(".shstrtab"), 20);
+    }
+
+    #[test]
+    fn the_stream_parser_agrees_with_the_slice_parser() {
+        let good = synthetic_elf(62, 3000);
+        let mut bad = good.clone();
+        bad[0x3e..0x40].copy_from_slice(&3u16.to_le_bytes());
+        for (i, b) in [good, bad, vec![0x7f; 10]].iter().enumerate() {
+            let mut reopen = |f: &mut dyn FnMut(&mut dyn Read) -> Result<()>| f(&mut &b[..]);
+            let streamed = parse_elf_stream(b.len() as u64, &mut reopen);
+            match (parse_elf(b), streamed) {
+                (Ok(x), Ok(y)) => assert_eq!(x, y),
+                (Err(x), Err(y)) => assert_eq!(x.message(), y.message(), "case {i}"),
+                (x, y) => panic!("case {i}: {x:?} vs {y:?}"),
+            }
+        }
+    }
+
+    struct Trickle<'a>(&'a [u8]);
+
+    impl Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.0.len().min(buf.len()).min(7);
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn the_stream_parser_handles_any_chunking_and_checks_the_length() {
+        let good = synthetic_elf(183, 1000);
+        let mut reopen = |f: &mut dyn FnMut(&mut dyn Read) -> Result<()>| f(&mut Trickle(&good));
+        assert_eq!(
+            parse_elf_stream(good.len() as u64, &mut reopen).unwrap(),
+            parse_elf(&good).unwrap()
+        );
+        let err = parse_elf_stream(good.len() as u64 + 1, &mut reopen).unwrap_err();
+        assert_eq!(err.code(), Code::ArtifactPackageZip);
     }
 
     #[test]

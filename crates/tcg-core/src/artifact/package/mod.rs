@@ -44,6 +44,17 @@ fn layout_err(what: impl std::fmt::Display) -> Error {
     )
 }
 
+fn unreadable(name: &str, e: &dyn std::fmt::Display) -> Error {
+    Error::new(
+        Code::ArtifactPackageZip,
+        format!("{PACKAGE_PREFIX}: cannot read package member {name:?}: {e}"),
+    )
+}
+
+/// `.so` members up to this size are parsed in memory; larger ones as a
+/// stream in two passes, in bounded memory.
+pub const ELF_IN_MEMORY_MAX: u64 = 64 << 20;
+
 fn zip_err(what: impl std::fmt::Display) -> Error {
     Error::new(
         Code::ArtifactPackageZip,
@@ -144,22 +155,53 @@ impl Package {
         &self.names
     }
 
-    /// Read member `name` completely, CRC-checked (`artifact.package_zip`).
-    pub fn read(&mut self, name: &str) -> Result<Vec<u8>> {
-        let index = self
-            .names
+    fn index_of(&self, name: &str) -> Result<usize> {
+        self.names
             .iter()
             .position(|n| n == name)
-            .ok_or_else(|| zip_err(format_args!("no member {name:?}")))?;
-        let unreadable = |e: &dyn std::fmt::Display| {
-            Error::new(
-                Code::ArtifactPackageZip,
-                format!("{PACKAGE_PREFIX}: cannot read package member {name:?}: {e}"),
-            )
-        };
-        let mut f = self.archive.by_index(index).map_err(|e| unreadable(&e))?;
-        let mut buf = Vec::with_capacity(f.size().min(1 << 30) as usize);
-        f.read_to_end(&mut buf).map_err(|e| unreadable(&e))?;
+            .ok_or_else(|| zip_err(format_args!("no member {name:?}")))
+    }
+
+    /// The uncompressed size member `name` declares.
+    pub fn declared_size(&mut self, name: &str) -> Result<u64> {
+        let index = self.index_of(name)?;
+        let f = self.archive.by_index_raw(index).map_err(zip_err)?;
+        Ok(f.size())
+    }
+
+    /// Hand member `name` to `f` as a stream of at most its declared size
+    /// plus one byte; reading it to the end checks its CRC.
+    pub fn stream(
+        &mut self,
+        name: &str,
+        f: &mut dyn FnMut(&mut dyn Read) -> Result<()>,
+    ) -> Result<()> {
+        let index = self.index_of(name)?;
+        let file = self
+            .archive
+            .by_index(index)
+            .map_err(|e| unreadable(name, &e))?;
+        let limit = file.size().saturating_add(1);
+        let mut limited = file.take(limit);
+        f(&mut limited)
+    }
+
+    /// Read member `name` completely, CRC-checked, and exactly of its
+    /// declared size (`artifact.package_zip`).
+    pub fn read(&mut self, name: &str) -> Result<Vec<u8>> {
+        let declared = self.declared_size(name)?;
+        let mut buf = Vec::with_capacity(declared.min(64 << 20) as usize);
+        self.stream(name, &mut |r| {
+            r.read_to_end(&mut buf)
+                .map(|_| ())
+                .map_err(|e| unreadable(name, &e))
+        })?;
+        if buf.len() as u64 != declared {
+            return Err(unreadable(
+                name,
+                &format_args!("it holds more than the declared {declared} bytes"),
+            ));
+        }
         Ok(buf)
     }
 
@@ -309,10 +351,21 @@ pub fn verify_package_facts(
             ),
         ));
     }
-    let so = pkg.read(&members.shared_object)?;
-    let info = parse_elf(&so)
-        .map_err(|e| e.context(format_args!("{PACKAGE_PREFIX}: {}", members.shared_object)))?;
-    drop(so);
+    let so_name = members.shared_object.clone();
+    let so_size = pkg.declared_size(&so_name)?;
+    let parsed = if so_size <= ELF_IN_MEMORY_MAX {
+        let so = pkg.read(&so_name)?;
+        parse_elf(&so)
+    } else {
+        elf::parse_elf_stream(so_size, &mut |f| pkg.stream(&so_name, f))
+    };
+    let info = parsed.map_err(|e| {
+        if e.code() == Code::ArtifactElfInvalid {
+            e.context(format_args!("{PACKAGE_PREFIX}: {so_name}"))
+        } else {
+            e
+        }
+    })?;
     match expected_e_machine(machine) {
         Some(m) if m == info.machine => {}
         Some(m) => {
