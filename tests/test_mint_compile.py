@@ -26,7 +26,7 @@ from tests.models import Sine, SwapModel, WithLiteral, swap_weights  # noqa: E40
 from torch_compiled_graphs import compile as policy  # noqa: E402
 from torch_compiled_graphs._runner_min import MinimalGraph  # noqa: E402
 from torch_compiled_graphs.compile import POLICY, compile_package, literal_tensors  # noqa: E402
-from torch_compiled_graphs.declaration import GraphClassSpec  # noqa: E402
+from torch_compiled_graphs.declaration import GraphClassSpec, canonical_lines  # noqa: E402
 from torch_compiled_graphs.errors import AdmissionError, CompileError  # noqa: E402
 from torch_compiled_graphs.runtime import RuntimeCompatibility  # noqa: E402
 
@@ -35,6 +35,7 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 SWAP_ENTRY = "tests/swap"
 LITERAL_ENTRY = "tests/literal"
 COMPILE_SECONDS: dict[str, float] = {}
+LINES: dict[str, list[str]] = {}
 
 
 def _runtime() -> RuntimeCompatibility:
@@ -50,9 +51,12 @@ def _swap_program(seed: int = 0) -> Any:
 @pytest.fixture(scope="session")
 def swap_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SwapModel with weights A, compiled once under the policy."""
+    program = _swap_program(0)
+    LINES["before"] = canonical_lines(program)
     started = time.monotonic()
-    path = compile_package(_swap_program(0), SWAP_ENTRY, _runtime(), tmp_path_factory.mktemp("swap"))
+    path = compile_package(program, SWAP_ENTRY, _runtime(), tmp_path_factory.mktemp("swap"))
     COMPILE_SECONDS["swap"] = time.monotonic() - started
+    LINES["after"] = canonical_lines(program)
     return path
 
 
@@ -220,6 +224,11 @@ def test_package_is_code_only_with_one_entry(swap_package: Path) -> None:
     rows = _wrapper_rows(swap_package, SWAP_ENTRY)
     assert {r["fqn"] for r in rows} == {"linear.weight", "linear.bias", "scale", "shift", "offset"}
     assert {r["type"] for r in rows} <= {"Parameter", "Buffer"}  # nothing inlined, nothing folded
+
+
+@pytest.mark.real_aoti
+def test_compiling_leaves_the_program_witness_unchanged(swap_package: Path) -> None:
+    assert LINES["after"] == LINES["before"]
 
 
 @pytest.mark.real_aoti
