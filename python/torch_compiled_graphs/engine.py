@@ -7,18 +7,22 @@ sole compile policy.
 
 from __future__ import annotations
 
-import enum
 import os
-import tempfile
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from . import _native
 
+# The hit path imports nothing beyond `os` and the native module: typing,
+# enum, dataclasses and pathlib would each cost more than the resolve itself.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+    from pathlib import Path
+    from typing import Any, TypeAlias, TypeVar
+
     from .declaration import GraphClassSpec
+
+    StrPath: TypeAlias = str | os.PathLike[str]
+    OutcomeT = TypeVar("OutcomeT", bound="_Outcome")
 
 __all__ = [
     "Engine",
@@ -30,60 +34,156 @@ __all__ = [
     "default_store_root",
 ]
 
-StrPath = str | os.PathLike[str]
+
+def _path(p: str) -> Path:
+    from pathlib import Path
+
+    return Path(p)
 
 
 def default_store_root() -> Path:
     """``$XDG_CACHE_HOME/torch-compiled-graphs``, or ``~/.cache/torch-compiled-graphs``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "torch-compiled-graphs"
+    return _path(os.path.join(base, "torch-compiled-graphs"))
 
 
-class StoreOutcome(enum.Enum):
-    """What publication decided (first writer wins)."""
+class _OutcomeType(type):
+    """A minimal enumeration: named singletons, iteration and lookup by value."""
 
-    STORED = "STORED"
-    PRESENT = "PRESENT"
-    REPAIRED = "REPAIRED"
-    DIVERGENT = "DIVERGENT"
+    _members: tuple[_Outcome, ...]
+
+    def __iter__(cls) -> Iterator[_Outcome]:
+        return iter(cls._members)
+
+    def __call__(cls, value: str) -> _Outcome:
+        for member in cls._members:
+            if member.value == value:
+                return member
+        raise ValueError(f"{value!r} is not a valid {cls.__name__}")
 
 
-class EnsureOutcome(enum.Enum):
-    """Whether ``ensure`` reused a stored artifact or minted one."""
+class _Outcome(metaclass=_OutcomeType):
+    __slots__ = ("name",)
+    name: str
+    _members: tuple[_Outcome, ...] = ()
 
-    REUSED = "REUSED"
-    MINTED = "MINTED"
+    @classmethod
+    def of(cls: type[OutcomeT], value: str) -> OutcomeT:
+        """The member whose value is ``value``."""
+        for member in cls._members:
+            if member.name == value and isinstance(member, cls):
+                return member
+        raise ValueError(f"{value!r} is not a valid {cls.__name__}")
+
+    @property
+    def value(self) -> str:
+        """The outcome's name, as the native engine spells it."""
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__}.{self.name}>"
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (type(self), (self.name,))
+
+    @classmethod
+    def _define(cls, *names: str) -> None:
+        members = []
+        for name in names:
+            member = object.__new__(cls)
+            object.__setattr__(member, "name", name)
+            setattr(cls, name, member)
+            members.append(member)
+        cls._members = tuple(members)
 
 
-@dataclass(frozen=True)
-class StoreResult:
+class StoreOutcome(_Outcome):
+    """What publication decided (first writer wins): STORED, PRESENT, REPAIRED or DIVERGENT."""
+
+    __slots__ = ()
+    STORED: StoreOutcome
+    PRESENT: StoreOutcome
+    REPAIRED: StoreOutcome
+    DIVERGENT: StoreOutcome
+
+
+class EnsureOutcome(_Outcome):
+    """Whether ``ensure`` reused a stored artifact (REUSED) or minted one (MINTED)."""
+
+    __slots__ = ()
+    REUSED: EnsureOutcome
+    MINTED: EnsureOutcome
+
+
+StoreOutcome._define("STORED", "PRESENT", "REPAIRED", "DIVERGENT")
+EnsureOutcome._define("REUSED", "MINTED")
+
+
+class _Record:
+    __slots__: tuple[str, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in self.__slots__)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, f) for f in self.__slots__ if f != "metadata"))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def _set(self, **fields: object) -> None:
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+
+class StoreResult(_Record):
     """The verdict of publishing one verified artifact under a key."""
 
+    __slots__ = ("key", "manifest", "outcome")
     outcome: StoreOutcome
     key: str
     manifest: str
 
+    def __init__(self, outcome: StoreOutcome, key: str, manifest: str) -> None:
+        self._set(outcome=outcome, key=key, manifest=manifest)
+
+    def __repr__(self) -> str:
+        return f"StoreResult(outcome={self.outcome!r}, key={self.key!r}, manifest={self.manifest!r})"
+
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> StoreResult:
-        return cls(StoreOutcome(d["outcome"]), d["key"], d["manifest"])
+        return cls(StoreOutcome.of(d["outcome"]), d["key"], d["manifest"])
 
 
-@dataclass(frozen=True)
-class StoredCompiledGraph:
+class StoredCompiledGraph(_Record):
     """A verified, admitted compiled graph unpacked at :attr:`path`.
 
     ``path`` holds ``metadata.json``, ``model.pt2`` and, when the graph has
     literal constants, ``constants.safetensors``.
     """
 
+    __slots__ = ("_path", "key", "manifest", "metadata")
     key: str
-    path: Path
-    metadata: dict[str, Any] = field(repr=False)
-    manifest: str = field(repr=False)
+    _path: str
+    metadata: dict[str, Any]
+    manifest: str
+
+    def __init__(self, key: str, path: StrPath, metadata: dict[str, Any], manifest: str) -> None:
+        self._set(key=key, _path=os.fspath(path), metadata=metadata, manifest=manifest)
+
+    def __repr__(self) -> str:
+        return f"StoredCompiledGraph(key={self.key!r}, path={self._path!r})"
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> StoredCompiledGraph:
-        return cls(d["key"], Path(d["destination"]), d["metadata"], d["manifest"])
+        return cls(d["key"], d["destination"], d["metadata"], d["manifest"])
+
+    @property
+    def path(self) -> Path:
+        """The directory the artifact was published at."""
+        return _path(self._path)
 
     @property
     def graph_class(self) -> str:
@@ -98,7 +198,7 @@ class StoredCompiledGraph:
     @property
     def package_path(self) -> Path:
         """The AOTInductor package."""
-        return self.path / "model.pt2"
+        return _path(os.path.join(self._path, "model.pt2"))
 
     @property
     def constants(self) -> list[dict[str, Any]]:
@@ -106,13 +206,19 @@ class StoredCompiledGraph:
         return list(self.metadata["graph_class"]["constants"])
 
 
-@dataclass(frozen=True)
-class EnsureResult:
+class EnsureResult(_Record):
     """What :meth:`Engine.ensure` did and what it resolved."""
 
+    __slots__ = ("graph", "outcome", "publication")
     outcome: EnsureOutcome
     graph: StoredCompiledGraph
     publication: StoreResult | None
+
+    def __init__(self, outcome: EnsureOutcome, graph: StoredCompiledGraph, publication: StoreResult | None) -> None:
+        self._set(outcome=outcome, graph=graph, publication=publication)
+
+    def __repr__(self) -> str:
+        return f"EnsureResult(outcome={self.outcome!r}, graph={self.graph!r}, publication={self.publication!r})"
 
 
 class Engine:
@@ -128,7 +234,7 @@ class Engine:
     @property
     def root(self) -> Path:
         """The store root."""
-        return Path(self._native.root)
+        return _path(self._native.root)
 
     def resolve(self, key: str, destination: StrPath) -> StoredCompiledGraph | None:
         """The verified artifact of ``key`` unpacked at ``destination``; ``None`` on a miss.
@@ -154,17 +260,20 @@ class Engine:
         ``recipe`` returns a ``GraphClassSpec`` and is called only on a miss,
         by at most one process at a time per key on this host.
         """
+        import tempfile
+
         with tempfile.TemporaryDirectory(prefix="tcg-mint-") as work:
 
             def mint() -> dict[str, Any]:
                 from ._mint import mint_for_engine
 
-                return mint_for_engine(key, recipe, target, toolchain, Path(work))
+                result: dict[str, Any] = mint_for_engine(key, recipe, target, toolchain, _path(work))
+                return result
 
             out = self._native.ensure(key, os.fspath(destination), target, dict(toolchain), mint)
         publication = out["publication"]
         return EnsureResult(
-            EnsureOutcome(out["outcome"]),
+            EnsureOutcome.of(out["outcome"]),
             StoredCompiledGraph._from_native(out["resolved"]),
             None if publication is None else StoreResult._from_native(publication),
         )
@@ -175,7 +284,7 @@ class Engine:
 
     def export_artifact(self, key: str, path: StrPath) -> Path:
         """Write the exact stored envelope of ``key`` to the file ``path``."""
-        return Path(self._native.export_artifact(key, os.fspath(path)))
+        return _path(self._native.export_artifact(key, os.fspath(path)))
 
     def list(self) -> list[dict[str, Any]]:
         """Every stored key with graph class, sm, size and last use."""

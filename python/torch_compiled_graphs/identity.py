@@ -6,10 +6,12 @@ module only gives it Python shapes. Nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
 from . import _native
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any
 
 __all__ = [
     "COMPILED_GRAPH_FORMAT",

@@ -9,10 +9,20 @@ The engine keeps compiled graphs under :data:`GRAPH_REF_PREFIX`.
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any
 
 from . import _native
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
+
+def _path(p: str | os.PathLike[str]) -> Path:
+    from pathlib import Path
+
+    return Path(p)
+
 
 __all__ = ["GRAPH_REF_PREFIX", "MAX_CHUNK_BYTES", "QUARANTINE_REF_PREFIX", "LocalCAS"]
 
@@ -30,7 +40,7 @@ class LocalCAS:
     @property
     def root(self) -> Path:
         """The store root."""
-        return Path(self._native.root)
+        return _path(self._native.root)
 
     def ingest(self, path: str | os.PathLike[str], *, ref: str | None = None) -> dict[str, Any]:
         """Store a file; returns its ``manifest``, ``digest`` and ``size``.
@@ -52,7 +62,7 @@ class LocalCAS:
     def materialize(self, manifest: str, destination: str | os.PathLike[str]) -> Path:
         """Write a stored file to a new path, verifying every chunk; never clobbers."""
         self._native.materialize(manifest, os.fspath(destination))
-        return Path(destination)
+        return _path(destination)
 
     def refs(self, prefix: str = "") -> list[str]:
         """Ref names under ``prefix``."""

@@ -96,6 +96,25 @@ impl Engine {
             .collect()
     }
 
+    /// Remove admitted copies whose (key, envelope) no longer serves the key,
+    /// or whose record is quarantined. Returns how many copies were dropped.
+    fn drop_stale_admitted(&self) -> Result<u64> {
+        let listing = self.store.list_refs(super::ADMITTED_REF_PREFIX).map_err(store_err)?;
+        let mut dropped = std::collections::BTreeSet::new();
+        for entry in listing.entries {
+            let rest = &entry.name[super::ADMITTED_REF_PREFIX.len()..];
+            let mut parts = rest.splitn(3, '/');
+            let (Some(key), Some(m)) = (parts.next(), parts.next()) else { continue };
+            let Some(m) = tcg_cas::Digest::from_hex(m) else { continue };
+            let current = self.store.get_ref(&super::graph_ref(key)).map_err(store_err)?;
+            let serving = current.is_some_and(|t| t.digest == m) && self.quarantine_marker(key, &m)?.is_none();
+            if !serving && dropped.insert((key.to_string(), m)) {
+                self.drop_admitted(key, &m);
+            }
+        }
+        Ok(dropped.len() as u64)
+    }
+
     /// Every stored key with its graph class, sm, envelope size and last use.
     pub fn list(&self) -> Result<Value> {
         let listing = self.store.list_refs(GRAPH_REF_PREFIX).map_err(store_err)?;
@@ -140,16 +159,25 @@ impl Engine {
         Ok(Value::Array(rows))
     }
 
-    /// Collect garbage; with `max_bytes`, evict least recently resolved graph
-    /// refs first until the store fits.
+    /// Collect garbage; with `max_bytes`, evict admitted copies first, then
+    /// the least recently resolved graph refs, until the store fits.
     pub fn gc(&self, max_bytes: Option<u64>) -> Result<Value> {
-        let r = self
-            .store
-            .gc(&GcOptions {
-                max_bytes,
-                evict_prefix: GRAPH_REF_PREFIX.to_string(),
-            })
-            .map_err(store_err)?;
+        let stale = self.drop_stale_admitted()?;
+        let pass = |prefix: &str| {
+            self.store
+                .gc(&GcOptions { max_bytes, evict_prefix: prefix.to_string() })
+                .map_err(store_err)
+        };
+        // The admitted copies are derived: under a budget they go before any graph.
+        let mut r = pass(super::ADMITTED_REF_PREFIX)?;
+        if max_bytes.is_some_and(|budget| r.kept_bytes > budget) {
+            let first = r;
+            r = pass(GRAPH_REF_PREFIX)?;
+            r.freed_objects += first.freed_objects;
+            r.freed_bytes += first.freed_bytes;
+            // Admitted copies of evicted graphs are stale now.
+            self.drop_stale_admitted()?;
+        }
         let evicted: Vec<Value> = r
             .evicted_refs
             .iter()
@@ -162,6 +190,7 @@ impl Engine {
             ("freed_objects", int(r.freed_objects)),
             ("freed_bytes", int(r.freed_bytes)),
             ("evicted_keys", Value::Array(evicted)),
+            ("stale_admitted_copies", int(stale)),
             ("reaped_leases", int(r.reaped_leases)),
             ("reaped_temps", int(r.reaped_temps)),
         ]))

@@ -147,13 +147,7 @@ impl Engine {
             size += b.len() as u64;
             Ok(())
         });
-        let stage = Temp::stage_dir(
-            &self
-                .store
-                .root()
-                .join("tmp")
-                .join(format!("{}.export", lease.id())),
-        )?;
+        let stage = super::StoreStage::new(self, &lease)?;
         let mut admission = |md: &crate::artifact::Metadata| -> Result<()> {
             if md.key() != key {
                 return Err(Error::new(

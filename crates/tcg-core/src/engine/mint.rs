@@ -12,7 +12,6 @@ use super::{
 };
 use crate::artifact::literals::{write_payload, LiteralTensor};
 use crate::artifact::metadata::build_metadata;
-use crate::artifact::publish::Temp;
 use crate::artifact::{pack, parse_constant_table, Metadata};
 use crate::host_isa::HostIsa;
 use crate::identity::{toolchain_axis, validate_toolchain_block, GraphClassDeclaration};
@@ -164,7 +163,8 @@ impl Engine {
                 ),
             ));
         }
-        let work = Temp::stage_dir(&self.store.root().join("tmp").join("mint"))?;
+        let lease = self.store.lease().map_err(store_err)?;
+        let work = super::StoreStage::new(self, &lease)?;
         let payload = if plan.literals.is_empty() {
             None
         } else {
@@ -190,13 +190,14 @@ impl Engine {
             payload.as_deref(),
             &envelope,
         )?;
-        let lease = self.store.lease().map_err(store_err)?;
         let file = File::open(&envelope)
             .map_err(|e| Error::io(format_args!("cannot open {}", envelope.display()), &e))?;
-        let (m, _report) = self.ingest_verified(&lease, file, key, true)?;
+        let (m, _report, stage) = self.ingest_verified(&lease, file, key, true)?;
         let result = self.decide(&lease, key, m)?;
-        lease.end().map_err(store_err)?;
+        self.after_publication(&lease, key, &m, &result, stage.path());
+        drop(stage);
         drop(work);
+        lease.end().map_err(store_err)?;
         Ok(result)
     }
 }

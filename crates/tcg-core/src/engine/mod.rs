@@ -8,6 +8,7 @@
 //! verifies, stores and resolves what it returns.
 
 mod admin;
+mod admitted;
 mod destination;
 mod export;
 mod mint;
@@ -25,6 +26,7 @@ use crate::identity::is_compiled_graph_key;
 use crate::{Code, Error, Result};
 
 pub use admin::Counter;
+pub use admitted::{admitted_ref, ADMITTED_REF_PREFIX};
 pub use mint::{MintOutput, MintedLiteral};
 
 /// What publication decided (SPEC-v1 §10.4).
@@ -230,3 +232,32 @@ pub fn store_err(err: StoreError) -> Error {
 
 #[cfg(test)]
 mod tests;
+
+/// A private working directory inside the store's `tmp/`, named after the
+/// lease that owns it so that GC reaps it only once that lease is dead.
+/// Removed on drop.
+pub(crate) struct StoreStage {
+    path: PathBuf,
+}
+
+impl StoreStage {
+    pub(crate) fn new(engine: &Engine, lease: &tcg_cas::Lease) -> Result<StoreStage> {
+        let path = engine
+            .store
+            .root()
+            .join("tmp")
+            .join(format!("{}.stage-{}", lease.id(), quarantine::random_hex32()?));
+        std::fs::create_dir(&path).map_err(|e| Error::io(format_args!("cannot create {}", path.display()), &e))?;
+        Ok(StoreStage { path })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for StoreStage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

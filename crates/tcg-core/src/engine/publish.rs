@@ -8,10 +8,9 @@ use std::path::Path;
 use tcg_cas::{CasOutcome, ChunkedWriter, Digest, Lease, Target};
 
 use super::resolve::{classify_read, host_facts, Evidence, Verdict};
-use super::{check_key, graph_ref, store_err, Engine, StoreOutcome, StoreResult};
+use super::{check_key, graph_ref, store_err, Engine, StoreOutcome, StoreResult, StoreStage};
 use crate::artifact::envelope::Tee;
 use crate::artifact::metadata::format_of;
-use crate::artifact::publish::Temp;
 use crate::artifact::{read_envelope, read_metadata_member, EnvelopeReport, Metadata};
 use crate::{Code, Error, Result};
 
@@ -46,15 +45,10 @@ impl Engine {
         input: impl Read,
         key: &str,
         admit_host: bool,
-    ) -> Result<(Digest, EnvelopeReport)> {
+    ) -> Result<(Digest, EnvelopeReport, StoreStage)> {
         let mut writer: ChunkedWriter<'_> = self.store.chunked_writer(lease);
         let mut sink_error: Option<Error> = None;
-        let stage_dest = self
-            .store
-            .root()
-            .join("tmp")
-            .join(format!("{}.verify", lease.id()));
-        let stage = Temp::stage_dir(&stage_dest)?;
+        let stage = StoreStage::new(self, lease)?;
         let host = if admit_host {
             Some(host_facts()?)
         } else {
@@ -86,13 +80,12 @@ impl Engine {
             })
         });
         let report = read_envelope(tee, stage.path(), &mut admission);
-        drop(stage);
         if let Some(e) = sink_error {
             return Err(e);
         }
         let report = report?;
         let info = writer.finish().map_err(store_err)?;
-        Ok((info.manifest, report))
+        Ok((info.manifest, report, stage))
     }
 
     /// Publish manifest `m` for `key` first-writer-wins (SPEC-v1 §10.4 step 3).
@@ -184,10 +177,21 @@ impl Engine {
             .len();
         crate::artifact::envelope::check_compressed_size(size)?;
         let lease = self.store.lease().map_err(store_err)?;
-        let (m, _report) = self.ingest_verified(&lease, file, key, true)?;
+        let (m, _report, stage) = self.ingest_verified(&lease, file, key, true)?;
         let result = self.decide(&lease, key, m)?;
+        self.after_publication(&lease, key, &m, &result, stage.path());
         lease.end().map_err(store_err)?;
         Ok(result)
+    }
+}
+
+impl Engine {
+    /// After publication: keep the verified members as the admitted copy of
+    /// the record that now serves the key (not of a divergent candidate).
+    pub(crate) fn after_publication(&self, lease: &Lease, key: &str, m: &Digest, result: &StoreResult, stage: &Path) {
+        if result.outcome != StoreOutcome::Divergent {
+            let _ = self.record_admitted(lease, key, m, stage);
+        }
     }
 }
 

@@ -169,6 +169,14 @@ impl Engine {
             }
         };
         let manifest = target.digest;
+        let host = host_facts();
+        if let Ok(facts) = &host {
+            if let Some(found) = self.resolve_admitted(&lease, key, &manifest, destination, request, facts)? {
+                let _ = self.store.record_use(&graph_ref(key));
+                lease.end().map_err(store_err)?;
+                return Ok(Some(found));
+            }
+        }
         let reader = match self.store.open_file(&lease, &manifest, true) {
             Ok(r) => r,
             Err(e) => {
@@ -184,7 +192,6 @@ impl Engine {
         };
         prepare_directory_destination(destination)?;
         let stage = Temp::stage_dir(destination)?;
-        let host = host_facts();
         let mut admission = |md: &Metadata| -> Result<()> {
             if md.key() != key {
                 return Err(Error::new(
@@ -216,6 +223,9 @@ impl Engine {
                 };
             }
         };
+        // Verified: keep the members as the admitted copy for the next resolve.
+        // Best effort; the envelope remains the source of truth.
+        let _ = self.record_admitted(&lease, key, &manifest, stage.path());
         publish_stage(stage, destination)?;
         // Post-publication re-check of the selection (step 11).
         if self.store.get_ref(&graph_ref(key)).map_err(store_err)? != Some(target) {
