@@ -70,7 +70,8 @@ def test_unbounded_dim_renders_the_int_oo_bound_without_plus() -> None:
     program = export(Sine(), (torch.ones(2, 3),), dynamic_shapes=({0: Dim("batch")},))
     (line,) = [ln for ln in canonical_lines(program) if ln.startswith("sym ")]
     assert line == "sym S0 range=[0,int_oo]"
-    # The derived call ingress needs finite bounds; the caller states a range digest instead.
+    # The derived call ingress needs finite bounds; the caller states a range digest instead
+    # (see test_a_stated_range_digest_is_opaque_and_no_ingress_is_placed).
     with pytest.raises(DeclarationError) as e:
         GraphClassSpec("s", "cpu", program).declare()
     assert e.value.code == "declaration.ingress_invalid"
@@ -175,10 +176,22 @@ def test_ingress_names_positional_and_keyword_parameters() -> None:
     GraphClassSpec("pair", "cpu", program).declare()
 
 
-def test_a_stated_range_digest_that_contradicts_the_derived_ingress_is_refused() -> None:
+def test_a_stated_range_digest_is_opaque_and_no_ingress_is_placed() -> None:
+    declaration = GraphClassSpec("s", "cpu", _sine(), range_digest="0" * 32).declare()
+    assert declaration.range_digest == "0" * 32
+    assert set(declaration.graph["pytree"]) == {"in", "out"}
+    unbounded = export(Sine(), (torch.ones(2, 3),), dynamic_shapes=({0: Dim("batch")},))
+    GraphClassSpec("s", "cpu", unbounded, range_digest="1" * 32).declare()
+
+
+def test_a_stated_ingress_must_restate_the_range_digest() -> None:
+    program = _sine()
+    graph = GraphClassSpec("s", "cpu", program).declare().graph
     with pytest.raises(DeclarationError) as e:
-        GraphClassSpec("s", "cpu", _sine(), range_digest="0" * 32).declare()
+        GraphClassSpec("s", "cpu", program, graph=graph, range_digest="0" * 32).declare()
     assert e.value.code == "declaration.ingress_mismatch"
+    derived = GraphClassSpec("s", "cpu", program, graph=graph).declare()
+    assert derived.range_digest == _native.ingress_digest(graph["pytree"]["ingress"])
 
 
 # ----------------------------------------------------------------- constants, literals, placement

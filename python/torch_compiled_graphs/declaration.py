@@ -457,25 +457,27 @@ def _int_bound(value: Any) -> int:
         ) from exc
 
 
-def graph_interface(program: object, ingress: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def graph_interface(
+    program: object, ingress: Mapping[str, Any] | None = None, *, with_ingress: bool = True
+) -> dict[str, Any]:
     """The derived graph interface (SPEC-v1 §3.6 rule 3) of ``program``.
 
     ``{"v": 3, "constant_fqns", "lifted_inputs", "pytree": {"in", "out", "ingress"},
-    "specialization": {}}``; see docs/compile-policy.md ("Declaration").
+    "specialization": {}}``; ``pytree.ingress`` is omitted when ``with_ingress`` is
+    false. See docs/compile-policy.md ("Declaration").
     """
     program = _require_program(program)
     in_spec, out_spec, _ = _call_signature(program)
+    pytree: dict[str, Any] = {"in": _spec_text(in_spec), "out": _spec_text(out_spec)}
+    if with_ingress:
+        pytree["ingress"] = dict(ingress) if ingress is not None else call_ingress(program)
     return {
         "v": _native.GRAPH_FACTS_VERSION,
         "constant_fqns": constant_fqns(program),
         # Call inputs that carry lifted module state (LoRA factors passed as inputs, say) are
         # known only to the caller, who states them in ``graph``; a derived interface has none.
         "lifted_inputs": [],
-        "pytree": {
-            "in": _spec_text(in_spec),
-            "out": _spec_text(out_spec),
-            "ingress": dict(ingress) if ingress is not None else call_ingress(program),
-        },
+        "pytree": pytree,
         "specialization": {},
     }
 
@@ -497,9 +499,10 @@ def _spec_text(tree_spec: Any) -> str:
 class GraphClassSpec:
     """An exported program plus the caller facts that select its compiled graph.
 
-    ``graph`` and ``range_digest`` are optional: when omitted, the graph
-    interface is derived from the program (with its call ingress) and
-    ``range_digest`` is the ingress digest. A stated ``graph`` is copied, never
+    ``graph`` and ``range_digest`` are optional. With neither, the graph
+    interface is derived from the program with its call ingress and
+    ``range_digest`` is the ingress digest. A stated ``range_digest`` is opaque:
+    a derived interface then carries no ingress. A stated ``graph`` is copied, never
     mutated; its ``constant_fqns`` and ``literal_values`` are filled in from the
     program or checked against it.
     """
@@ -523,11 +526,15 @@ class GraphClassSpec:
         literals = _native.literal_digest(rows) if rows else ""
         devices = placement(program)
 
-        if self.graph is None:
+        if self.graph is None and self.range_digest is None:
+            # The adapter derives the call ingress, places it and takes its digest (§3.9).
             ingress = call_ingress(program)
-            digest = _native.ingress_digest(ingress)
             graph: dict[str, Any] = graph_interface(program, ingress)
-            range_digest = self.range_digest if self.range_digest is not None else digest
+            range_digest = _native.ingress_digest(ingress)
+        elif self.graph is None:
+            # A caller-stated range digest is opaque: no ingress is derived or placed.
+            graph = graph_interface(program, with_ingress=False)
+            range_digest = str(self.range_digest)
         else:
             if not isinstance(self.graph, Mapping):
                 raise DeclarationError(
