@@ -452,7 +452,7 @@ def _int_bound(value: Any) -> int:
         return int(value)
     except Exception as exc:  # sympy infinities raise TypeError or AttributeError
         raise DeclarationError(
-            f"dynamic dimension bound {value} is not finite; give the Dim an explicit max",
+            f"dynamic dimension bound {value} is not finite; give the Dim an explicit max or state a range_digest",
             "declaration.ingress_invalid",
         ) from exc
 
