@@ -1,0 +1,60 @@
+"""The miss path of ``Engine.ensure`` on the Python side (imports torch).
+
+The native engine calls :func:`mint_for_engine` at most once per miss, while
+it holds the key's single-flight lock. This function runs the caller's recipe,
+the runtime checks and the sole compile policy, and hands back plain data: the
+package, the declaration, the runtime facts and the literal values. Packing,
+verification and publication happen in the native core.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import AdmissionError, DeclarationError
+
+
+def mint_for_engine(
+    key: str,
+    recipe: Callable[[], Any],
+    target: str,
+    toolchain: Mapping[str, object],
+    workdir: Path,
+) -> dict[str, Any]:
+    """Compile the graph class ``recipe()`` describes, for ``key``, into ``workdir``."""
+    from .artifact import constant_table
+    from .compile import compile_package, literal_tensors
+    from .declaration import GraphClassSpec, tensor_bytes
+    from .runtime import RuntimeCompatibility
+
+    spec = recipe()
+    if not isinstance(spec, GraphClassSpec):
+        raise DeclarationError(
+            f"the recipe must return a GraphClassSpec, got {type(spec).__qualname__}",
+            "declaration.program_invalid",
+        )
+    runtime = RuntimeCompatibility(target, toolchain=toolchain)
+    declaration = spec.declare()
+    derived = runtime.key(declaration)
+    if derived != key:
+        raise AdmissionError(f"lazy recipe derives {derived}, not requested key {key!r}", "admission.recipe_key_mismatch")
+    package = compile_package(spec, declaration.graph_class, runtime, workdir)
+    if spec.declare() != declaration:
+        raise AdmissionError("exported program changed during compilation or packaging", "admission.program_mutated")
+    literal_rows = [row for row in constant_table(package) if row["source"] == "literal"]
+    tensors = literal_tensors(spec.program, literal_rows)
+    literals = [
+        (fqn, str(t.dtype).removeprefix("torch."), [int(d) for d in t.shape], tensor_bytes(t))
+        for fqn, t in tensors.items()
+    ]
+    return {
+        "package": os.fspath(package),
+        "declaration": declaration.to_dict(),
+        "sm": runtime.sm,
+        "toolchain": runtime.toolchain,
+        "host_isa": runtime.host_isa,
+        "literals": literals,
+    }
