@@ -329,6 +329,32 @@ def test_a_literal_whose_fqn_the_compiler_erased_is_unbound(literal_package: tup
     )
 
 
+@pytest.mark.real_aoti
+def test_without_the_fence_small_constants_are_baked_into_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Negative control for the weight-swap arbiter: inductor's defaults inline the rank-0
+    ``scale`` and the 4-element ``shift`` (they leave the constant table), so binding B
+    silently computes with A's values. The policy's fence is what prevents it."""
+    unfenced = policy.CompilePolicy(
+        code_options=(("aot_inductor.package", True), ("aot_inductor.package_constants_in_so", False)),
+        topology_options=POLICY.topology_options,
+    )
+    monkeypatch.setattr(policy, "POLICY", unfenced)
+    started = time.monotonic()
+    package = compile_package(_swap_program(0), "tests/unfenced", _runtime(), tmp_path)
+    COMPILE_SECONDS["unfenced"] = time.monotonic() - started
+    graph = MinimalGraph(package, "tests/unfenced")
+    assert sorted(graph.constant_fqns) == ["linear.bias", "linear.weight", "offset"]
+    weights = swap_weights(1)
+    graph.bind(weights)
+    eager = SwapModel().eval()
+    eager.load_state_dict(weights)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        got, want = graph(x), eager(x)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert not torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_report_compile_times() -> None:
     """Not an assertion on time (benchmarks measure speed): records what the fixtures took."""
     for name, seconds in COMPILE_SECONDS.items():
