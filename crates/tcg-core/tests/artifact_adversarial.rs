@@ -3,7 +3,7 @@
 //! `index.json`, as an `ArtifactError`, leaving no destination, stage or
 //! temp behind; and the committed corpus is exactly the generator's output.
 
-#[path = "../examples/gen_adversarial.rs"]
+#[path = "../examples/gen_adversarial/main.rs"]
 #[allow(clippy::all)]
 mod generator;
 
