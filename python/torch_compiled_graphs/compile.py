@@ -92,8 +92,7 @@ def _program(value: object) -> ExportedProgram:
     program = getattr(value, "program", value) if not isinstance(value, ExportedProgram) else value
     if not isinstance(program, ExportedProgram):
         raise CompileError(
-            f"compile needs a torch.export.ExportedProgram, got {type(value).__module__}."
-            f"{type(value).__qualname__}",
+            f"compile needs a torch.export.ExportedProgram, got {type(value).__module__}.{type(value).__qualname__}",
             "compile.program_invalid",
         )
     return program
@@ -163,13 +162,9 @@ def _compile_context(program: ExportedProgram) -> tuple[Any, Any]:
                 elif isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                     note_sym(leaf)
     if len(modes) != 1:
-        raise CompileError(
-            f"compile context needs exactly one FakeTensorMode, found {len(modes)}", "compile.context"
-        )
+        raise CompileError(f"compile context needs exactly one FakeTensorMode, found {len(modes)}", "compile.context")
     if len(envs) != 1:
-        raise CompileError(
-            f"compile context needs exactly one ShapeEnv, found {len(envs)}", "compile.context"
-        )
+        raise CompileError(f"compile context needs exactly one ShapeEnv, found {len(envs)}", "compile.context")
     return next(iter(modes.values())), next(iter(envs.values()))
 
 
@@ -232,9 +227,7 @@ def compile_package(
     except CompileError:
         raise
     except Exception as exc:
-        raise CompileError(
-            f"AOTInductor compile failed: {type(exc).__name__}: {exc}", "compile.failed"
-        ) from exc
+        raise CompileError(f"AOTInductor compile failed: {type(exc).__name__}: {exc}", "compile.failed") from exc
     finally:
         mode.shape_env = previous_env
     if not isinstance(files, list) or not files:
@@ -260,9 +253,7 @@ def _package(files: list[Any], package_name: str, workdir: Path) -> Path:
             f"AOTInductor packaging failed: {type(exc).__name__}: {exc}", "compile.package_failed"
         ) from exc
     if not isinstance(result, (str, os.PathLike)) or Path(result) != target or not target.is_file():
-        raise CompileError(
-            f"AOTInductor packaging wrote {result!r}, expected {target}", "compile.package_failed"
-        )
+        raise CompileError(f"AOTInductor packaging wrote {result!r}, expected {target}", "compile.package_failed")
     entries = _package_entries(target)
     if entries != [package_name]:
         raise CompileError(
@@ -312,8 +303,7 @@ def literal_tensors(program: object, rows: Iterable[Mapping[str, Any] | tuple[st
             value = constants.get(name)
         if not isinstance(value, torch.Tensor):
             raise AdmissionError(
-                f"declared literal constant '{fqn}' has no exported value; "
-                "register durable tensors as buffers",
+                f"declared literal constant '{fqn}' has no exported value; register durable tensors as buffers",
                 "admission.literal_unbound",
             )
         try:

@@ -56,8 +56,7 @@ def _cuda_sm(target: str) -> str:
     found = f"{major}{minor}"
     if match.group(1) != found:
         raise DeclarationError(
-            f"runtime target {target!r} does not match the current device (capability "
-            f"{major}.{minor}, sm_{found})",
+            f"runtime target {target!r} does not match the current device (capability {major}.{minor}, sm_{found})",
             "declaration.device_mismatch",
         )
     return target
@@ -101,8 +100,7 @@ def impose_clamp(error: type[CompiledGraphError], code: str) -> dict[str, str]:
             name not in entries or not hasattr(entries[name], "default") for name in _CLAMP_ENTRIES
         ):
             raise error(
-                "inductor config has no process-wide entries for cpp.march and cpp.simdlen; "
-                "cannot clamp host code",
+                "inductor config has no process-wide entries for cpp.march and cpp.simdlen; cannot clamp host code",
                 code,
             )
         unset = _unset_sentinel()
@@ -111,8 +109,7 @@ def impose_clamp(error: type[CompiledGraphError], code: str) -> dict[str, str]:
             forced = getattr(entry, "env_value_force", unset)
             if forced is not unset and forced != value:
                 raise error(
-                    f"inductor config {name} is forced to {forced!r} by the environment; "
-                    f"the clamp needs {value!r}",
+                    f"inductor config {name} is forced to {forced!r} by the environment; the clamp needs {value!r}",
                     code,
                 )
             entry.default = value

@@ -103,9 +103,7 @@ def record_toolchain() -> dict[str, str]:
     """
     installed = _distributions()
     if "torch" not in installed:
-        raise DeclarationError(
-            "torch is not installed; cannot state the toolchain", "declaration.toolchain_invalid"
-        )
+        raise DeclarationError("torch is not installed; cannot state the toolchain", "declaration.toolchain_invalid")
     block = {"torch": _record_digest(installed["torch"])}
     block["triton"] = _record_digest(installed["triton"]) if "triton" in installed else ABSENT
     for name in sorted(installed):
