@@ -7,7 +7,7 @@ use tcg_core::artifact::package::elf::synthetic_elf;
 use tcg_core::artifact::package::wrapper::synthetic_wrapper;
 
 /// Append the content-level cases.
-pub fn cases(b: &Bases, add: &mut dyn FnMut(&str, Option<&'static str>, &str, Vec<u8>)) {
+pub fn cases(b: &Bases, add: Add<'_>) {
     // metadata (§7.5), with the small package
     let me = |md: Vec<u8>| env(&md, &b.pkg_a, None);
     let text = String::from_utf8(b.md_a.clone()).unwrap();

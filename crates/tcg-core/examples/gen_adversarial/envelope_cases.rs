@@ -4,7 +4,7 @@ use super::fixtures::*;
 use tcg_core::artifact::tar;
 
 /// Append the envelope-level cases.
-pub fn cases(b: &Bases, add: &mut dyn FnMut(&str, Option<&'static str>, &str, Vec<u8>)) {
+pub fn cases(b: &Bases, add: Add<'_>) {
     let good_a = env(&b.md_a, &b.pkg_a, None);
     // gzip framing (§6.6 steps 2-4)
     let n = good_a.len();

@@ -12,6 +12,9 @@ use tcg_core::artifact::tar;
 use tcg_core::host_isa::HostIsa;
 use tcg_core::identity::{literal_digest, DeclarationInput, GraphClassDeclaration, LiteralRow};
 
+/// The sink of cases: file, expected code, what is wrong, bytes.
+pub type Add<'a> = &'a mut dyn FnMut(&str, Option<&'static str>, &str, Vec<u8>);
+
 /// The graph class name of the bases (also the package entry).
 pub const ENTRY: &str = "denoiser/h=64,w=64";
 
