@@ -40,7 +40,9 @@ def mint_for_engine(
     declaration = spec.declare()
     derived = runtime.key(declaration)
     if derived != key:
-        raise AdmissionError(f"lazy recipe derives {derived}, not requested key {key!r}", "admission.recipe_key_mismatch")
+        raise AdmissionError(
+            f"lazy recipe derives {derived}, not requested key {key!r}", "admission.recipe_key_mismatch"
+        )
     package = compile_package(spec, declaration.graph_class, runtime, workdir)
     if spec.declare() != declaration:
         raise AdmissionError("exported program changed during compilation or packaging", "admission.program_mutated")

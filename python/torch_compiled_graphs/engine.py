@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any, TypeAlias, TypeVar
 
     from .declaration import GraphClassSpec
+    from .runner import LoadedGraph
 
     StrPath: TypeAlias = str | os.PathLike[str]
     OutcomeT = TypeVar("OutcomeT", bound="_Outcome")
@@ -199,6 +200,17 @@ class StoredCompiledGraph(_Record):
     def package_path(self) -> Path:
         """The AOTInductor package."""
         return _path(os.path.join(self._path, "model.pt2"))
+
+    def load(self, weights: object, *, device: object = None) -> LoadedGraph:
+        """Load this graph and bind ``weights`` (an ``nn.Module`` or a state_dict); imports torch.
+
+        Every constant is checked by fqn (presence, dtype, shape, device)
+        before anything is handed to the package loader; literal constants
+        come from ``constants.safetensors``.
+        """
+        from .runner import LoadedGraph
+
+        return LoadedGraph(self, weights, device=device)
 
     @property
     def constants(self) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "AdmissionError",
     "ArtifactError",
+    "BindingError",
     "CompileError",
     "CompiledGraphError",
     "DeclarationError",
@@ -59,3 +60,7 @@ class QuarantinedArtifact(StorageError):
 
 class AdmissionError(StorageError):
     """A verified artifact may not run on this host or suit this request (``admission.*``)."""
+
+
+class BindingError(CompiledGraphError, ValueError):
+    """Weights do not fit a resolved graph, or a call does not fit its convention (``run.*``)."""

@@ -46,7 +46,7 @@ pub fn report_error(err: &anyhow::Error) -> i32 {
             | Kind::Quarantined
             | Kind::Identity
             | Kind::Declaration => 1,
-            Kind::Compile | Kind::Storage | Kind::Io => 2,
+            Kind::Compile | Kind::Storage | Kind::Binding | Kind::Io => 2,
         };
     }
     2

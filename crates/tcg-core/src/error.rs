@@ -23,6 +23,8 @@ pub enum Kind {
     Quarantined,
     /// `AdmissionError` (a `StorageError`).
     Admission,
+    /// `BindingError` (a `ValueError`): loading a resolved graph with its weights.
+    Binding,
     /// An `OSError` subclass chosen by errno.
     Io,
 }
@@ -175,6 +177,23 @@ codes! {
     AdmissionPlanMismatch => Admission, "admission.plan_mismatch";
     AdmissionLiteralUnbound => Admission, "admission.literal_unbound";
     AdmissionLiteralSerialize => Admission, "admission.literal_serialize";
+
+    /// A constant the graph needs is not in the weights.
+    RunConstantMissing => Binding, "run.constant_missing";
+    /// The weights hold a name the graph has no constant for.
+    RunConstantUnexpected => Binding, "run.constant_unexpected";
+    /// A constant's dtype or shape differs from the recorded row.
+    RunConstantMismatch => Binding, "run.constant_mismatch";
+    /// A constant is on another device than the graph runs on.
+    RunDeviceMismatch => Binding, "run.device_mismatch";
+    /// The weights are not a module or a mapping of names to tensors.
+    RunWeightsInvalid => Binding, "run.weights_invalid";
+    /// The unpacked package does not match its metadata or cannot be loaded.
+    RunPackageInvalid => Binding, "run.package_invalid";
+    /// The literal payload is missing or unreadable.
+    RunLiteralPayload => Binding, "run.literal_payload";
+    /// A call's arguments do not fit the graph's call convention.
+    RunCallInvalid => Binding, "run.call_invalid";
 
     IoDestinationOccupied => Io, "io.destination_occupied";
     IoDestinationNotDirectory => Io, "io.destination_not_directory";

@@ -357,8 +357,16 @@ fn the_admitted_copy_serves_resolves_and_a_corrupt_copy_falls_back_to_the_envelo
     let e = engine(d.path());
     let r = e.import_artifact(KEY, &reference()).unwrap();
     let m = tcg_cas::Digest::from_hex(&r.manifest).unwrap();
-    let pkg = e.store().get_ref(&admitted_ref(KEY, &m, "model.pt2")).unwrap().unwrap();
-    assert!(e.store().get_ref(&admitted_ref(KEY, &m, "metadata.json")).unwrap().is_some());
+    let pkg = e
+        .store()
+        .get_ref(&admitted_ref(KEY, &m, "model.pt2"))
+        .unwrap()
+        .unwrap();
+    assert!(e
+        .store()
+        .get_ref(&admitted_ref(KEY, &m, "metadata.json"))
+        .unwrap()
+        .is_some());
     e.resolve(KEY, &d.path().join("a")).unwrap().unwrap();
     // Corrupt only the admitted copy of model.pt2 (its single chunk).
     let lease = e.store().lease().unwrap();
@@ -375,15 +383,33 @@ fn the_admitted_copy_serves_resolves_and_a_corrupt_copy_falls_back_to_the_envelo
     // The envelope is intact: resolve still serves the right bytes, quarantines nothing.
     e.resolve(KEY, &d.path().join("b")).unwrap().unwrap();
     assert_eq!(tree(&d.path().join("b")), tree(&members(d.path())));
-    assert!(e.store().get_ref(&tcg_core::engine::quarantine_ref(KEY, &m)).unwrap().is_none());
+    assert!(e
+        .store()
+        .get_ref(&tcg_core::engine::quarantine_ref(KEY, &m))
+        .unwrap()
+        .is_none());
     e.resolve(KEY, &d.path().join("c")).unwrap().unwrap();
     assert_eq!(tree(&d.path().join("c")), tree(&members(d.path())));
     // A divergent candidate gets no admitted copy; a replaced record's copy is dropped by gc.
     let other = divergent_envelope(d.path());
     let div = e.import_artifact(KEY, &other).unwrap();
     let dm = tcg_cas::Digest::from_hex(&div.manifest).unwrap();
-    assert!(e.store().get_ref(&admitted_ref(KEY, &dm, "model.pt2")).unwrap().is_none());
+    assert!(e
+        .store()
+        .get_ref(&admitted_ref(KEY, &dm, "model.pt2"))
+        .unwrap()
+        .is_none());
     let report = e.gc(None).unwrap();
-    assert_eq!(report.as_object().unwrap()["stale_admitted_copies"], Value::Int(0));
-    assert_eq!(e.store().list_refs(ADMITTED_REF_PREFIX).unwrap().entries.len(), 2);
+    assert_eq!(
+        report.as_object().unwrap()["stale_admitted_copies"],
+        Value::Int(0)
+    );
+    assert_eq!(
+        e.store()
+            .list_refs(ADMITTED_REF_PREFIX)
+            .unwrap()
+            .entries
+            .len(),
+        2
+    );
 }

@@ -29,9 +29,19 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// Pack `package` (and a literal payload) with `metadata` into a new envelope at `out`.
 #[pyfunction]
 #[pyo3(signature = (package, metadata, literals, out))]
-fn artifact_pack(py: Python<'_>, package: PathBuf, metadata: &Bound<'_, PyAny>, literals: Option<PathBuf>, out: PathBuf) -> PyResult<u64> {
-    let md = to_value(metadata, "metadata").map_err(|e| tcg_core::Error::from_cj(Kind::Artifact, &e)).py()?;
-    let report = py.detach(|| artifact::pack(&package, &md, literals.as_deref(), &out)).py()?;
+fn artifact_pack(
+    py: Python<'_>,
+    package: PathBuf,
+    metadata: &Bound<'_, PyAny>,
+    literals: Option<PathBuf>,
+    out: PathBuf,
+) -> PyResult<u64> {
+    let md = to_value(metadata, "metadata")
+        .map_err(|e| tcg_core::Error::from_cj(Kind::Artifact, &e))
+        .py()?;
+    let report = py
+        .detach(|| artifact::pack(&package, &md, literals.as_deref(), &out))
+        .py()?;
     Ok(report.envelope_bytes)
 }
 
@@ -39,10 +49,19 @@ fn artifact_pack(py: Python<'_>, package: PathBuf, metadata: &Bound<'_, PyAny>, 
 /// with `admit_host`, refuse (before publishing) what this host cannot run.
 #[pyfunction]
 #[pyo3(signature = (path, dest, admit_host=true))]
-fn artifact_unpack<'py>(py: Python<'py>, path: PathBuf, dest: PathBuf, admit_host: bool) -> PyResult<Bound<'py, PyAny>> {
+fn artifact_unpack<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    dest: PathBuf,
+    admit_host: bool,
+) -> PyResult<Bound<'py, PyAny>> {
     let md = py
         .detach(|| {
-            let host = if admit_host { Some(HostFacts::read()?) } else { None };
+            let host = if admit_host {
+                Some(HostFacts::read()?)
+            } else {
+                None
+            };
             let mut admission = |m: &artifact::Metadata| -> tcg_core::Result<()> {
                 match &host {
                     Some(h) => m.host_isa().admit_on(h),
@@ -76,8 +95,14 @@ fn artifact_verify(py: Python<'_>, path: PathBuf, host: bool) -> PyResult<Bound<
     let r = py.detach(|| artifact::verify(&path, host)).py()?;
     let mut m = Map::new();
     m.insert("key".into(), r.key().into());
-    m.insert("metadata".into(), Value::Object(r.envelope.metadata.value().clone()));
-    m.insert("package_bytes".into(), Value::Int(r.envelope.package_bytes as i64));
+    m.insert(
+        "metadata".into(),
+        Value::Object(r.envelope.metadata.value().clone()),
+    );
+    m.insert(
+        "package_bytes".into(),
+        Value::Int(r.envelope.package_bytes as i64),
+    );
     m.insert("host_admitted".into(), Value::Bool(r.admitted.is_some()));
     from_value(py, &Value::Object(m))
 }
@@ -85,6 +110,11 @@ fn artifact_verify(py: Python<'_>, path: PathBuf, host: bool) -> PyResult<Bound<
 /// The package's wrapper constant table as metadata rows (fqn, source, dtype, shape).
 #[pyfunction]
 fn package_constant_table(py: Python<'_>, package: PathBuf) -> PyResult<Bound<'_, PyAny>> {
-    let rows = py.detach(|| artifact::parse_constant_table(&package)).py()?;
-    from_value(py, &Value::Array(rows.iter().map(|r| r.to_value()).collect()))
+    let rows = py
+        .detach(|| artifact::parse_constant_table(&package))
+        .py()?;
+    from_value(
+        py,
+        &Value::Array(rows.iter().map(|r| r.to_value()).collect()),
+    )
 }

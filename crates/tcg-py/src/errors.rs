@@ -19,6 +19,7 @@ pub fn class_name(kind: Kind) -> &'static str {
         Kind::Storage => "StorageError",
         Kind::Quarantined => "QuarantinedArtifact",
         Kind::Admission => "AdmissionError",
+        Kind::Binding => "BindingError",
         Kind::Io => "OSError",
     }
 }

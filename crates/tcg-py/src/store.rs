@@ -23,7 +23,12 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 fn digest_arg(s: &str) -> PyResult<Digest> {
     Digest::from_hex(s)
         .or_else(|| Digest::from_prefixed(s))
-        .ok_or_else(|| to_py(Error::new(Code::StoreRefInvalid, format!("{s:?} is not a sha256 digest"))))
+        .ok_or_else(|| {
+            to_py(Error::new(
+                Code::StoreRefInvalid,
+                format!("{s:?} is not a sha256 digest"),
+            ))
+        })
 }
 
 fn target_value(t: &Target) -> Value {
@@ -55,7 +60,12 @@ impl NativeStore {
     /// Ingest a file as chunks and a manifest; with `ref`, point that ref at
     /// the manifest (compare-and-swap from its current value) so that GC keeps it.
     #[pyo3(signature = (path, r#ref=None))]
-    fn ingest_file<'py>(&self, py: Python<'py>, path: PathBuf, r#ref: Option<String>) -> PyResult<Bound<'py, PyAny>> {
+    fn ingest_file<'py>(
+        &self,
+        py: Python<'py>,
+        path: PathBuf,
+        r#ref: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let v = py
             .detach(|| -> Result<Value, Error> {
                 let lease = self.inner.lease().map_err(store_err)?;
@@ -64,7 +74,11 @@ impl NativeStore {
                     let desired = Target::manifest(info.manifest);
                     loop {
                         let current = self.inner.get_ref(name).map_err(store_err)?;
-                        match self.inner.compare_and_swap(name, current.as_ref(), Some(&desired)).map_err(store_err)? {
+                        match self
+                            .inner
+                            .compare_and_swap(name, current.as_ref(), Some(&desired))
+                            .map_err(store_err)?
+                        {
                             CasOutcome::Matched | CasOutcome::AlreadyEqual => break,
                             CasOutcome::Conflict(_) => continue,
                         }
@@ -83,23 +97,39 @@ impl NativeStore {
 
     /// The target of a ref, or None.
     fn read_ref<'py>(&self, py: Python<'py>, name: String) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let t = py.detach(|| self.inner.get_ref(&name)).map_err(store_err).py()?;
+        let t = py
+            .detach(|| self.inner.get_ref(&name))
+            .map_err(store_err)
+            .py()?;
         t.map(|t| from_value(py, &target_value(&t))).transpose()
     }
 
     /// Compare-and-swap a ref between manifest targets (None for absent):
     /// returns "MATCHED", "ALREADY_EQUAL" or "CONFLICT".
     #[pyo3(signature = (name, expected, desired))]
-    fn compare_and_swap(&self, py: Python<'_>, name: String, expected: Option<String>, desired: Option<String>) -> PyResult<&'static str> {
-        let expected = expected.map(|d| digest_arg(&d).map(Target::manifest)).transpose()?;
-        let desired = desired.map(|d| digest_arg(&d).map(Target::manifest)).transpose()?;
+    fn compare_and_swap(
+        &self,
+        py: Python<'_>,
+        name: String,
+        expected: Option<String>,
+        desired: Option<String>,
+    ) -> PyResult<&'static str> {
+        let expected = expected
+            .map(|d| digest_arg(&d).map(Target::manifest))
+            .transpose()?;
+        let desired = desired
+            .map(|d| digest_arg(&d).map(Target::manifest))
+            .transpose()?;
         let outcome = py
             .detach(|| -> Result<CasOutcome, Error> {
                 let lease = self.inner.lease().map_err(store_err)?;
                 if let Some(t) = &desired {
                     lease.pin(&[t.digest]).map_err(store_err)?;
                 }
-                let r = self.inner.compare_and_swap(&name, expected.as_ref(), desired.as_ref()).map_err(store_err)?;
+                let r = self
+                    .inner
+                    .compare_and_swap(&name, expected.as_ref(), desired.as_ref())
+                    .map_err(store_err)?;
                 lease.end().map_err(store_err)?;
                 Ok(r)
             })
@@ -116,7 +146,9 @@ impl NativeStore {
         let m = digest_arg(&manifest)?;
         py.detach(|| -> Result<(), Error> {
             let lease = self.inner.lease().map_err(store_err)?;
-            self.inner.materialize(&lease, &m, &dest, true).map_err(store_err)?;
+            self.inner
+                .materialize(&lease, &m, &dest, true)
+                .map_err(store_err)?;
             lease.end().map_err(store_err)
         })
         .py()
@@ -125,13 +157,29 @@ impl NativeStore {
     /// Ref names under a prefix.
     #[pyo3(signature = (prefix=""))]
     fn list_refs(&self, py: Python<'_>, prefix: &str) -> PyResult<Vec<String>> {
-        let l = py.detach(|| self.inner.list_refs(prefix)).map_err(store_err).py()?;
+        let l = py
+            .detach(|| self.inner.list_refs(prefix))
+            .map_err(store_err)
+            .py()?;
         Ok(l.entries.into_iter().map(|e| e.name).collect())
     }
 
     #[pyo3(signature = (max_bytes=None, evict_prefix=tcg_cas::GRAPH_REF_PREFIX.to_string()))]
-    fn gc<'py>(&self, py: Python<'py>, max_bytes: Option<u64>, evict_prefix: String) -> PyResult<Bound<'py, PyAny>> {
-        let r = py.detach(|| self.inner.gc(&GcOptions { max_bytes, evict_prefix })).map_err(store_err).py()?;
+    fn gc<'py>(
+        &self,
+        py: Python<'py>,
+        max_bytes: Option<u64>,
+        evict_prefix: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let r = py
+            .detach(|| {
+                self.inner.gc(&GcOptions {
+                    max_bytes,
+                    evict_prefix,
+                })
+            })
+            .map_err(store_err)
+            .py()?;
         let mut m = Map::new();
         for (k, v) in [
             ("examined_objects", r.examined_objects),
@@ -144,15 +192,24 @@ impl NativeStore {
         ] {
             m.insert(k.into(), Value::Int(v as i64));
         }
-        m.insert("evicted_refs".into(), Value::Array(r.evicted_refs.into_iter().map(Value::Str).collect()));
+        m.insert(
+            "evicted_refs".into(),
+            Value::Array(r.evicted_refs.into_iter().map(Value::Str).collect()),
+        );
         from_value(py, &Value::Object(m))
     }
 
     #[pyo3(signature = (quarantine=false))]
     fn fsck<'py>(&self, py: Python<'py>, quarantine: bool) -> PyResult<Bound<'py, PyAny>> {
-        let r = py.detach(|| self.inner.fsck(FsckOptions { quarantine })).map_err(store_err).py()?;
+        let r = py
+            .detach(|| self.inner.fsck(FsckOptions { quarantine }))
+            .map_err(store_err)
+            .py()?;
         let mut m = Map::new();
-        m.insert("objects_checked".into(), Value::Int(r.objects_checked as i64));
+        m.insert(
+            "objects_checked".into(),
+            Value::Int(r.objects_checked as i64),
+        );
         m.insert("clean".into(), Value::Bool(r.is_clean()));
         m.insert(
             "corrupt".into(),
@@ -161,7 +218,12 @@ impl NativeStore {
                     .iter()
                     .map(|c| {
                         let mut o = Map::new();
-                        o.insert("digest".into(), c.digest.map(|d| Value::Str(d.to_hex())).unwrap_or(Value::Null));
+                        o.insert(
+                            "digest".into(),
+                            c.digest
+                                .map(|d| Value::Str(d.to_hex()))
+                                .unwrap_or(Value::Null),
+                        );
                         o.insert("code".into(), c.error.code().into());
                         o.insert("error".into(), c.error.to_string().into());
                         Value::Object(o)
@@ -171,7 +233,12 @@ impl NativeStore {
         );
         m.insert(
             "dangling_refs".into(),
-            Value::Array(r.dangling_refs.iter().map(|d| Value::Str(d.name.clone())).collect()),
+            Value::Array(
+                r.dangling_refs
+                    .iter()
+                    .map(|d| Value::Str(d.name.clone()))
+                    .collect(),
+            ),
         );
         from_value(py, &Value::Object(m))
     }

@@ -99,15 +99,26 @@ impl Engine {
     /// Remove admitted copies whose (key, envelope) no longer serves the key,
     /// or whose record is quarantined. Returns how many copies were dropped.
     fn drop_stale_admitted(&self) -> Result<u64> {
-        let listing = self.store.list_refs(super::ADMITTED_REF_PREFIX).map_err(store_err)?;
+        let listing = self
+            .store
+            .list_refs(super::ADMITTED_REF_PREFIX)
+            .map_err(store_err)?;
         let mut dropped = std::collections::BTreeSet::new();
         for entry in listing.entries {
             let rest = &entry.name[super::ADMITTED_REF_PREFIX.len()..];
             let mut parts = rest.splitn(3, '/');
-            let (Some(key), Some(m)) = (parts.next(), parts.next()) else { continue };
-            let Some(m) = tcg_cas::Digest::from_hex(m) else { continue };
-            let current = self.store.get_ref(&super::graph_ref(key)).map_err(store_err)?;
-            let serving = current.is_some_and(|t| t.digest == m) && self.quarantine_marker(key, &m)?.is_none();
+            let (Some(key), Some(m)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let Some(m) = tcg_cas::Digest::from_hex(m) else {
+                continue;
+            };
+            let current = self
+                .store
+                .get_ref(&super::graph_ref(key))
+                .map_err(store_err)?;
+            let serving = current.is_some_and(|t| t.digest == m)
+                && self.quarantine_marker(key, &m)?.is_none();
             if !serving && dropped.insert((key.to_string(), m)) {
                 self.drop_admitted(key, &m);
             }
@@ -165,7 +176,10 @@ impl Engine {
         let stale = self.drop_stale_admitted()?;
         let pass = |prefix: &str| {
             self.store
-                .gc(&GcOptions { max_bytes, evict_prefix: prefix.to_string() })
+                .gc(&GcOptions {
+                    max_bytes,
+                    evict_prefix: prefix.to_string(),
+                })
                 .map_err(store_err)
         };
         // The admitted copies are derived: under a budget they go before any graph.

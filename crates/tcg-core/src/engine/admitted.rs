@@ -33,7 +33,11 @@ pub fn admitted_ref(key: &str, manifest: &Digest, member: &str) -> String {
 fn set_ref(engine: &Engine, name: &str, desired: Target) -> Result<()> {
     loop {
         let current = engine.store.get_ref(name).map_err(store_err)?;
-        match engine.store.compare_and_swap(name, current.as_ref(), Some(&desired)).map_err(store_err)? {
+        match engine
+            .store
+            .compare_and_swap(name, current.as_ref(), Some(&desired))
+            .map_err(store_err)?
+        {
             CasOutcome::Matched | CasOutcome::AlreadyEqual => return Ok(()),
             CasOutcome::Conflict(_) => continue,
         }
@@ -49,7 +53,13 @@ enum Copy {
 
 /// Stream a stored file into a new stage file, hashing every chunk as it is
 /// read. The stage is derived data: it is not fsynced (SPEC-v1 §14 rule 4).
-fn copy_member(engine: &Engine, lease: &Lease, manifest: &Digest, dest: &Path, buf: &mut [u8]) -> std::result::Result<(), Copy> {
+fn copy_member(
+    engine: &Engine,
+    lease: &Lease,
+    manifest: &Digest,
+    dest: &Path,
+    buf: &mut [u8],
+) -> std::result::Result<(), Copy> {
     use std::io::{Read, Write};
     let mut reader = match engine.store.open_file(lease, manifest, true) {
         Ok(r) => r,
@@ -60,7 +70,12 @@ fn copy_member(engine: &Engine, lease: &Lease, manifest: &Digest, dest: &Path, b
         .write(true)
         .create_new(true)
         .open(dest)
-        .map_err(|e| Copy::Failed(Error::io(format_args!("cannot create {}", dest.display()), &e)))?;
+        .map_err(|e| {
+            Copy::Failed(Error::io(
+                format_args!("cannot create {}", dest.display()),
+                &e,
+            ))
+        })?;
     loop {
         let n = match reader.read(buf) {
             Ok(0) => return Ok(()),
@@ -72,8 +87,12 @@ fn copy_member(engine: &Engine, lease: &Lease, manifest: &Digest, dest: &Path, b
                 })
             }
         };
-        out.write_all(&buf[..n])
-            .map_err(|e| Copy::Failed(Error::io(format_args!("cannot write {}", dest.display()), &e)))?;
+        out.write_all(&buf[..n]).map_err(|e| {
+            Copy::Failed(Error::io(
+                format_args!("cannot write {}", dest.display()),
+                &e,
+            ))
+        })?;
     }
 }
 
@@ -81,14 +100,24 @@ impl Engine {
     /// Record the verified members in `stage` as the admitted copy of (key, m).
     /// The payload ref is written before the metadata ref, which is written
     /// last: a reader that finds the metadata ref finds the whole copy.
-    pub(crate) fn record_admitted(&self, lease: &Lease, key: &str, m: &Digest, stage: &Path) -> Result<()> {
+    pub(crate) fn record_admitted(
+        &self,
+        lease: &Lease,
+        key: &str,
+        m: &Digest,
+        stage: &Path,
+    ) -> Result<()> {
         for member in [LITERALS_MEMBER, PACKAGE_MEMBER, METADATA_MEMBER] {
             let path = stage.join(member);
             if !path.exists() {
                 continue;
             }
             let info = self.store.ingest_file(lease, &path).map_err(store_err)?;
-            set_ref(self, &admitted_ref(key, m, member), Target::manifest(info.manifest))?;
+            set_ref(
+                self,
+                &admitted_ref(key, m, member),
+                Target::manifest(info.manifest),
+            )?;
         }
         Ok(())
     }
@@ -158,8 +187,17 @@ impl Engine {
             req.admit(&metadata)?;
         }
         publish_stage(stage, destination)?;
-        if self.store.get_ref(&graph_ref(key)).map_err(store_err)?.map(|t| t.digest) != Some(*m) {
-            return Err(Error::new(Code::StoreRefMoved, format!("the record of {key} changed during resolution")));
+        if self
+            .store
+            .get_ref(&graph_ref(key))
+            .map_err(store_err)?
+            .map(|t| t.digest)
+            != Some(*m)
+        {
+            return Err(Error::new(
+                Code::StoreRefMoved,
+                format!("the record of {key} changed during resolution"),
+            ));
         }
         if self.quarantine_marker(key, m)?.is_some() {
             return Err(Error::new(

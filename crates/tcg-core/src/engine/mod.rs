@@ -242,12 +242,13 @@ pub(crate) struct StoreStage {
 
 impl StoreStage {
     pub(crate) fn new(engine: &Engine, lease: &tcg_cas::Lease) -> Result<StoreStage> {
-        let path = engine
-            .store
-            .root()
-            .join("tmp")
-            .join(format!("{}.stage-{}", lease.id(), quarantine::random_hex32()?));
-        std::fs::create_dir(&path).map_err(|e| Error::io(format_args!("cannot create {}", path.display()), &e))?;
+        let path = engine.store.root().join("tmp").join(format!(
+            "{}.stage-{}",
+            lease.id(),
+            quarantine::random_hex32()?
+        ));
+        std::fs::create_dir(&path)
+            .map_err(|e| Error::io(format_args!("cannot create {}", path.display()), &e))?;
         Ok(StoreStage { path })
     }
 

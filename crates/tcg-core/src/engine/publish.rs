@@ -188,7 +188,14 @@ impl Engine {
 impl Engine {
     /// After publication: keep the verified members as the admitted copy of
     /// the record that now serves the key (not of a divergent candidate).
-    pub(crate) fn after_publication(&self, lease: &Lease, key: &str, m: &Digest, result: &StoreResult, stage: &Path) {
+    pub(crate) fn after_publication(
+        &self,
+        lease: &Lease,
+        key: &str,
+        m: &Digest,
+        result: &StoreResult,
+        stage: &Path,
+    ) {
         if result.outcome != StoreOutcome::Divergent {
             let _ = self.record_admitted(lease, key, m, stage);
         }

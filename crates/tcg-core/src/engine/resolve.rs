@@ -171,7 +171,9 @@ impl Engine {
         let manifest = target.digest;
         let host = host_facts();
         if let Ok(facts) = &host {
-            if let Some(found) = self.resolve_admitted(&lease, key, &manifest, destination, request, facts)? {
+            if let Some(found) =
+                self.resolve_admitted(&lease, key, &manifest, destination, request, facts)?
+            {
                 let _ = self.store.record_use(&graph_ref(key));
                 lease.end().map_err(store_err)?;
                 return Ok(Some(found));
