@@ -19,18 +19,14 @@ TEXT = st.text(st.characters(exclude_categories=("Cs",)))
 JSON = st.recursive(
     st.none() | st.booleans() | I64 | FLOATS | TEXT,
     lambda children: (
-        st.lists(children, max_size=6)
-        | st.tuples(children, children)
-        | st.dictionaries(TEXT, children, max_size=6)
+        st.lists(children, max_size=6) | st.tuples(children, children) | st.dictionaries(TEXT, children, max_size=6)
     ),
     max_leaves=40,
 )
 
 
 def reference(value: Any) -> bytes:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    ).encode("ascii")
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 @settings(max_examples=600, deadline=None)

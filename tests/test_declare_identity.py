@@ -9,14 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch.export import Dim, export
 
-torch = pytest.importorskip("torch")
-
-from torch.export import Dim, export  # noqa: E402
-
-from tests.models import MLP, Cosine, Pair, Sine, SwapModel, WithLiteral, swap_weights  # noqa: E402
-from torch_compiled_graphs import _native  # noqa: E402
-from torch_compiled_graphs.declaration import (  # noqa: E402
+from tests.models import MLP, Cosine, Pair, Sine, SwapModel, WithLiteral, swap_weights
+from torch_compiled_graphs import _native
+from torch_compiled_graphs.declaration import (
     GraphClassSpec,
     call_ingress,
     canonical_lines,
@@ -25,8 +23,8 @@ from torch_compiled_graphs.declaration import (  # noqa: E402
     literal_rows,
     placement,
 )
-from torch_compiled_graphs.errors import DeclarationError  # noqa: E402
-from torch_compiled_graphs.identity import GraphClassDeclaration, graph_witness  # noqa: E402
+from torch_compiled_graphs.errors import DeclarationError
+from torch_compiled_graphs.identity import GraphClassDeclaration, graph_witness
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "testdata" / "reference-0.2.0"

@@ -9,19 +9,17 @@ import threading
 from typing import Any
 
 import pytest
+import torch
+from torch.export import export
 
-torch = pytest.importorskip("torch")
-
-from torch.export import export  # noqa: E402
-
-from tests.models import Sine  # noqa: E402
-from torch_compiled_graphs import _native, runtime  # noqa: E402
-from torch_compiled_graphs import compile as policy  # noqa: E402
-from torch_compiled_graphs.declaration import GraphClassSpec  # noqa: E402
-from torch_compiled_graphs.errors import CompileError, DeclarationError  # noqa: E402
-from torch_compiled_graphs.identity import CompiledGraphKey  # noqa: E402
-from torch_compiled_graphs.runtime import RuntimeCompatibility, impose_clamp  # noqa: E402
-from torch_compiled_graphs.toolchain import record_toolchain  # noqa: E402
+from tests.models import Sine
+from torch_compiled_graphs import _native, runtime
+from torch_compiled_graphs import compile as policy
+from torch_compiled_graphs.declaration import GraphClassSpec
+from torch_compiled_graphs.errors import CompileError, DeclarationError
+from torch_compiled_graphs.identity import CompiledGraphKey
+from torch_compiled_graphs.runtime import RuntimeCompatibility, impose_clamp
+from torch_compiled_graphs.toolchain import record_toolchain
 
 TOOLCHAIN = {"torch": "record-digest", "triton": "compiler-digest"}
 X86 = platform.machine().lower() in ("x86_64", "amd64")

@@ -54,9 +54,7 @@ def test_fsck_reports_a_bit_flipped_object_by_digest(tmp_path: Path) -> None:
     src.write_bytes(os.urandom(10_000))
     info = cas.ingest(src, ref="tools/blob")
     assert cas.fsck()["clean"]
-    obj = next(
-        p for p in (tmp_path / "store" / "objects").rglob("*") if p.is_file() and p.stat().st_size == 10_000
-    )
+    obj = next(p for p in (tmp_path / "store" / "objects").rglob("*") if p.is_file() and p.stat().st_size == 10_000)
     obj.chmod(0o644)
     data = bytearray(obj.read_bytes())
     data[17] ^= 1

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import platform
 import re
-import shutil
 import subprocess
 import time
 import zipfile
@@ -17,18 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from torch.export import export
 
-torch = pytest.importorskip("torch")
-
-from torch.export import export  # noqa: E402
-
-from tests.models import Sine, SwapModel, WithLiteral, swap_weights  # noqa: E402
-from torch_compiled_graphs import compile as policy  # noqa: E402
-from torch_compiled_graphs._runner_min import MinimalGraph  # noqa: E402
-from torch_compiled_graphs.compile import POLICY, compile_package, literal_tensors  # noqa: E402
-from torch_compiled_graphs.declaration import GraphClassSpec, canonical_lines  # noqa: E402
-from torch_compiled_graphs.errors import AdmissionError, CompileError  # noqa: E402
-from torch_compiled_graphs.runtime import RuntimeCompatibility  # noqa: E402
+from tests.models import Sine, SwapModel, WithLiteral, swap_weights
+from torch_compiled_graphs import compile as policy
+from torch_compiled_graphs._runner_min import MinimalGraph
+from torch_compiled_graphs.compile import POLICY, compile_package, literal_tensors
+from torch_compiled_graphs.declaration import GraphClassSpec, canonical_lines
+from torch_compiled_graphs.errors import AdmissionError, CompileError
+from torch_compiled_graphs.runtime import RuntimeCompatibility
 
 TOOLCHAIN = {"torch": "record-digest", "triton": "compiler-digest"}
 X86 = platform.machine().lower() in ("x86_64", "amd64")
@@ -295,7 +292,6 @@ def test_the_evex_detector_recognises_evex_and_vex_encodings() -> None:
 
 @pytest.mark.real_aoti
 @pytest.mark.skipif(not X86, reason="x86-64 host code")
-@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump")
 def test_clamped_cpu_code_has_vex_but_no_evex(swap_package: Path, tmp_path: Path) -> None:
     so = tmp_path / "wrapper.so"
     so.write_bytes(_member(swap_package, SWAP_ENTRY, ".wrapper.so"))

@@ -75,9 +75,7 @@ def test_key_from_incomplete_metadata_is_refused() -> None:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "torch_compiled_graphs.cli", *args], capture_output=True, text=True
-    )
+    return subprocess.run([sys.executable, "-m", "torch_compiled_graphs.cli", *args], capture_output=True, text=True)
 
 
 def test_cli_derives_the_contract_key() -> None:
@@ -105,3 +103,42 @@ def test_cli_exit_codes() -> None:
     assert "code: identity.axis_is_key" in bad.stderr
     assert "hint: " in bad.stderr
     assert cli("no-such-command").returncode == 2
+
+
+ORIGINAL_ROOT = {
+    "AdmissionError",
+    "ArtifactError",
+    "CompileError",
+    "COMPILED_GRAPH_FORMAT",
+    "CompiledGraphKey",
+    "DeclarationError",
+    "Engine",
+    "EnsureOutcome",
+    "EnsureResult",
+    "GraphClassDeclaration",
+    "GraphClassSpec",
+    "IdentityError",
+    "QuarantinedArtifact",
+    "RuntimeCompatibility",
+    "StorageError",
+    "StoreOutcome",
+    "StoreResult",
+    "StoredCompiledGraph",
+    "is_compiled_graph_key",
+}
+
+
+def test_root_exports_are_the_original_list_plus_local_cas_and_record_toolchain() -> None:
+    assert set(tcg.__all__) == ORIGINAL_ROOT | {"LocalCAS", "record_toolchain"}
+    for name in tcg.__all__:
+        assert getattr(tcg, name) is not None
+    assert tcg.COMPILED_GRAPH_FORMAT == 1
+
+
+def test_the_torch_facing_names_load_lazily_without_importing_torch() -> None:
+    code = (
+        "import sys, torch_compiled_graphs as t;"
+        "t.GraphClassSpec, t.RuntimeCompatibility, t.record_toolchain;"
+        "assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

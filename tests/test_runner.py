@@ -10,15 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
-torch = pytest.importorskip("torch", reason="the runner needs torch (installed by the torch extra)")
+from torch_compiled_graphs import Engine, StoredCompiledGraph
+from torch_compiled_graphs.errors import BindingError
 
-from safetensors.torch import load_file  # noqa: E402
-
-from torch_compiled_graphs import Engine, StoredCompiledGraph  # noqa: E402
-from torch_compiled_graphs.errors import BindingError  # noqa: E402
-
-from .conftest import TESTDATA  # noqa: E402
+from .conftest import TESTDATA
 
 FIXTURE = TESTDATA / "reference-0.2.0"
 KEY = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004ba1cd363a"

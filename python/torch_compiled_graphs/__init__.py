@@ -32,6 +32,29 @@ from .identity import (
 )
 from .store import LocalCAS
 
+# The declaration, runtime and toolchain modules are imported on first use
+# (PEP 562): the hit path (import, Engine.resolve) stays free of their imports.
+_LAZY = {
+    "GraphClassSpec": "declaration",
+    "RuntimeCompatibility": "runtime",
+    "record_toolchain": "toolchain",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 __all__ = [
     "COMPILED_GRAPH_FORMAT",
     "AdmissionError",
@@ -43,12 +66,15 @@ __all__ = [
     "EnsureOutcome",
     "EnsureResult",
     "GraphClassDeclaration",
+    "GraphClassSpec",
     "IdentityError",
     "LocalCAS",
     "QuarantinedArtifact",
+    "RuntimeCompatibility",
     "StorageError",
     "StoreOutcome",
     "StoreResult",
     "StoredCompiledGraph",
     "is_compiled_graph_key",
+    "record_toolchain",
 ]
