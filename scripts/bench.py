@@ -38,7 +38,7 @@ def medians(cases: dict[str, Callable[[int], None]], repeat: int) -> dict[str, f
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for i in range(repeat):
         for name, case in cases.items():
-            samples[name].append(timed(lambda case=case: case(i)))
+            samples[name].append(timed(lambda case=case, i=i: case(i)))
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
@@ -85,8 +85,7 @@ def bench_resolve(repeat: int) -> dict[str, object]:
         engine.resolve(KEY, members)
         py = sys.executable
         resolve_code = (
-            "import torch_compiled_graphs as t, sys; "
-            f"t.Engine({str(engine.root)!r}).resolve({KEY!r}, sys.argv[1])"
+            f"import torch_compiled_graphs as t, sys; t.Engine({str(engine.root)!r}).resolve({KEY!r}, sys.argv[1])"
         )
         small = medians(
             {
@@ -110,9 +109,7 @@ def bench_resolve(repeat: int) -> dict[str, object]:
             {
                 "cp -r members": lambda i: sh("cp", "-r", unpacked, work / f"bigcp-{i}"),
                 "cli resolve": lambda i: sh(CLI, "resolve", "--cas-root", big_store.root, KEY, work / f"bigcli-{i}"),
-                "gzip -dc > /dev/null": lambda i: subprocess.run(
-                    f"gzip -dc {env} > /dev/null", shell=True, check=True
-                ),
+                "gzip -dc > /dev/null": lambda i: subprocess.run(f"gzip -dc {env} > /dev/null", shell=True, check=True),
             },
             max(3, repeat // 3),
         )
