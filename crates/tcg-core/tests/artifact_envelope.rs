@@ -311,3 +311,37 @@ fn the_constant_table_of_the_reference_package_equals_its_metadata_rows() {
     assert_eq!(rows[4].source, ConstantSource::Computed);
     assert_eq!(rows[0].fqn, "l1.weight");
 }
+
+/// A source that returns at most 3 bytes per read.
+struct Trickle(Vec<u8>, usize);
+
+impl Read for Trickle {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = (self.0.len() - self.1).min(buf.len()).min(3);
+        buf[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
+        self.1 += n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn the_reader_works_over_a_source_of_tiny_reads() {
+    let bytes = std::fs::read(corpus("base-literals.tar.gz")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let report = read_envelope(Trickle(bytes.clone(), 0), tmp.path(), &mut accept()).unwrap();
+    assert_eq!(report.compressed_bytes, bytes.len() as u64);
+    // Trailing bytes are still seen when they arrive in a later read.
+    let mut more = bytes.clone();
+    more.push(0);
+    let tmp = tempfile::tempdir().unwrap();
+    let err = read_envelope(Trickle(more, 0), tmp.path(), &mut accept()).unwrap_err();
+    assert_eq!(err.code(), Code::ArtifactGzipTrailing);
+    let tmp = tempfile::tempdir().unwrap();
+    let err = read_envelope(
+        Trickle(bytes[..bytes.len() - 1].to_vec(), 0),
+        tmp.path(),
+        &mut accept(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), Code::ArtifactTruncatedGzip);
+}
