@@ -60,6 +60,11 @@ fn verify_accepts_the_reference_envelope() {
     assert_eq!(env.package.table.constants.len(), 6);
     assert_eq!(env.package.e_machine, 62);
     assert_eq!(env.tar_bytes % 10_240, 0);
+    let summary = report.to_value();
+    let summary = summary.as_object().unwrap();
+    assert_eq!(summary["entry"], tcg_cj::Value::from("model/mlp"));
+    assert_eq!(summary["admitted"], tcg_cj::Value::Null);
+    assert_eq!(summary["constants"], tcg_cj::Value::Int(6));
     assert_eq!(
         env.compressed_bytes,
         std::fs::metadata(reference()).unwrap().len()

@@ -81,6 +81,42 @@ impl VerifyReport {
     pub fn key(&self) -> &str {
         self.envelope.metadata.key()
     }
+
+    /// A summary for `--json` output: the key, entry, member and stream
+    /// sizes, the constant count, the `.so` facts and the admitted level
+    /// (`null` when host admission was not asked for).
+    pub fn to_value(&self) -> Value {
+        let e = &self.envelope;
+        let int = |n: u64| Value::Int(n as i64);
+        let mut m = Map::new();
+        m.insert(
+            "admitted".into(),
+            match &self.admitted {
+                Some(h) => Value::Str(h.host_isa_level.clone()),
+                None => Value::Null,
+            },
+        );
+        m.insert("compressed_bytes".into(), int(e.compressed_bytes));
+        m.insert(
+            "compiled_graph_key".into(),
+            Value::Str(self.key().to_owned()),
+        );
+        m.insert("constants".into(), int(e.metadata.constants().len() as u64));
+        m.insert("e_machine".into(), int(e.package.e_machine as u64));
+        m.insert("entry".into(), Value::Str(e.package.members.entry.clone()));
+        m.insert(
+            "literals_bytes".into(),
+            e.literals_bytes.map_or(Value::Null, int),
+        );
+        m.insert("lrodata_bytes".into(), int(e.package.lrodata_bytes));
+        m.insert(
+            "metadata_bytes".into(),
+            int(e.metadata.bytes().len() as u64),
+        );
+        m.insert("package_bytes".into(), int(e.package_bytes));
+        m.insert("tar_bytes".into(), int(e.tar_bytes));
+        Value::Object(m)
+    }
 }
 
 /// Verify an envelope completely (§6.6), staging into a temp directory that
