@@ -267,6 +267,9 @@ fn stream(src: &mut dyn Read, size: u64, f: &mut dyn FnMut(&[u8], u64)) -> Resul
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.raw_os_error().is_some() => {
+                return Err(Error::io("cannot read package member", &e))
+            }
             Err(e) => {
                 return Err(Error::new(
                     Code::ArtifactPackageZip,

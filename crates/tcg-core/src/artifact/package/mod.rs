@@ -55,6 +55,27 @@ fn unreadable(name: &str, e: &dyn std::fmt::Display) -> Error {
 /// stream in two passes, in bounded memory.
 pub const ELF_IN_MEMORY_MAX: u64 = 64 << 20;
 
+/// A zip failure: an operating-system read error of the staged file is an
+/// I/O error (it proves nothing about the bytes); anything else is
+/// `artifact.package_zip`.
+fn zip_failure(e: zip::result::ZipError) -> Error {
+    match e {
+        zip::result::ZipError::Io(io) if io.raw_os_error().is_some() => {
+            Error::io("cannot read the staged package", &io)
+        }
+        other => zip_err(other),
+    }
+}
+
+/// A read failure of member `name`, classified like [`zip_failure`].
+fn member_failure(name: &str, e: &std::io::Error) -> Error {
+    if e.raw_os_error().is_some() {
+        Error::io(format_args!("cannot read package member {name:?}"), e)
+    } else {
+        unreadable(name, e)
+    }
+}
+
 fn zip_err(what: impl std::fmt::Display) -> Error {
     Error::new(
         Code::ArtifactPackageZip,
@@ -121,14 +142,14 @@ impl Package {
     pub fn open(path: &Path) -> Result<Package> {
         let file = File::open(path)
             .map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
-        let mut archive = zip::ZipArchive::new(file).map_err(zip_err)?;
+        let mut archive = zip::ZipArchive::new(file).map_err(zip_failure)?;
         if archive.has_duplicate_names() {
             return Err(zip_err("duplicate member names"));
         }
         let mut names = Vec::with_capacity(archive.len());
         let mut seen = HashSet::new();
         for i in 0..archive.len() {
-            let f = archive.by_index_raw(i).map_err(zip_err)?;
+            let f = archive.by_index_raw(i).map_err(zip_failure)?;
             let name = f.name().map_err(zip_err)?.into_owned();
             if f.encrypted() {
                 return Err(zip_err(format_args!("member {name:?} is encrypted")));
@@ -165,7 +186,7 @@ impl Package {
     /// The uncompressed size member `name` declares.
     pub fn declared_size(&mut self, name: &str) -> Result<u64> {
         let index = self.index_of(name)?;
-        let f = self.archive.by_index_raw(index).map_err(zip_err)?;
+        let f = self.archive.by_index_raw(index).map_err(zip_failure)?;
         Ok(f.size())
     }
 
@@ -177,10 +198,10 @@ impl Package {
         f: &mut dyn FnMut(&mut dyn Read) -> Result<()>,
     ) -> Result<()> {
         let index = self.index_of(name)?;
-        let file = self
-            .archive
-            .by_index(index)
-            .map_err(|e| unreadable(name, &e))?;
+        let file = self.archive.by_index(index).map_err(|e| match e {
+            zip::result::ZipError::Io(io) => member_failure(name, &io),
+            other => unreadable(name, &other),
+        })?;
         let limit = file.size().saturating_add(1);
         let mut limited = file.take(limit);
         f(&mut limited)
@@ -194,7 +215,7 @@ impl Package {
         self.stream(name, &mut |r| {
             r.read_to_end(&mut buf)
                 .map(|_| ())
-                .map_err(|e| unreadable(name, &e))
+                .map_err(|e| member_failure(name, &e))
         })?;
         if buf.len() as u64 != declared {
             return Err(unreadable(
