@@ -2,7 +2,7 @@
 in the same session. Results go to bench-out/ (JSON) and are summarised on
 stdout; docs/benchmarks.md records them with this command.
 
-    python scripts/bench.py [section ...]     sections: resolve, store, verify (default: all)
+    python scripts/bench.py [section ...]     sections: resolve, store, verify, ttfi (default: all)
 """
 
 from __future__ import annotations
@@ -123,6 +123,120 @@ def bench_resolve(repeat: int) -> dict[str, object]:
     return results
 
 
+TTFI_CHILD = """
+import os, sys, time
+t0 = time.perf_counter()
+mode, work = sys.argv[1], sys.argv[2]
+sys.path.insert(0, {scripts!r})
+import torch
+from safetensors.torch import load_file
+import demo
+cfg = demo.SIZES["default"]
+x = torch.randn(3, cfg["seq"], cfg["dim"])
+weights = load_file(os.path.join(work, "weights.safetensors"))
+if mode in ("compile-cold", "compile-warm"):
+    model = demo.build_model(cfg["dim"], cfg["heads"], cfg["hidden"])
+    model.load_state_dict(weights)
+    run = torch.compile(model, dynamic=True)
+elif mode == "aoti-load-package":
+    run = torch._inductor.aoti_load_package(os.path.join(work, "plain.pt2"))
+else:
+    from torch_compiled_graphs import Engine
+    graph = Engine(os.path.join(work, "store")).resolve(sys.argv[3], os.path.join(work, "r", str(os.getpid())))
+    run = graph.load(weights)
+with torch.no_grad():
+    y = run(x)
+print(f"{{time.perf_counter() - t0:.4f}}")
+"""
+
+
+def bench_ttfi(repeat: int) -> dict[str, object]:
+    """Time to first inference in a fresh process, four ways, for the demo's default model."""
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import demo
+
+    results: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="tcg-ttfi-") as tmp:
+        work = Path(tmp)
+        minted = demo.mint(work / "demo", "default")
+        key = str(minted["key"])
+        shutil.move(str(work / "demo" / "store"), work / "store")
+        shutil.copy(work / "demo" / "demo-default.weights.safetensors", work / "weights.safetensors")
+        cfg = demo.SIZES["default"]
+        model = demo.build_model(cfg["dim"], cfg["heads"], cfg["hidden"])
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(work / "weights.safetensors"))  # type: ignore[attr-defined]
+        example = torch.randn(4, cfg["seq"], cfg["dim"])
+        batch = torch.export.Dim("batch", min=1, max=16)
+        program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))  # type: ignore[arg-type]
+        torch._inductor.aoti_compile_and_package(program, package_path=str(work / "plain.pt2"))
+        del save_file
+        child = TTFI_CHILD.format(scripts=str(ROOT / "scripts"))
+        warm_cache = work / "inductor-warm"
+
+        def run(mode: str, cache: Path) -> float:
+            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+            t = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-c", child, mode, str(work), key], check=True, env=env, stdout=subprocess.DEVNULL
+            )
+            return time.perf_counter() - t
+
+        run("compile-warm", warm_cache)  # warm the inductor cache once
+        samples: dict[str, list[float]] = {
+            m: [] for m in ("compile-cold", "compile-warm", "aoti-load-package", "resolve-load")
+        }
+        for i in range(repeat):
+            samples["compile-cold"].append(run("compile-cold", work / f"inductor-cold-{i}"))
+            samples["compile-warm"].append(run("compile-warm", warm_cache))
+            samples["aoti-load-package"].append(run("aoti-load-package", work / "inductor-aoti"))
+            samples["resolve-load"].append(run("resolve-load", work / "inductor-ours"))
+        med = {m: statistics.median(v) for m, v in samples.items()}
+        bare = medians({"python -c 'import torch'": lambda i: sh(sys.executable, "-c", "import torch")}, repeat)
+        results = {
+            "median_s": {**med, **bare},
+            "compile_warm_over_ours": med["compile-warm"] / med["resolve-load"],
+            "aoti_load_package_over_ours": med["aoti-load-package"] / med["resolve-load"],
+            "compile_cold_over_ours": med["compile-cold"] / med["resolve-load"],
+        }
+        write_ttfi_plot(med, bare["python -c 'import torch'"])
+    return results
+
+
+def write_ttfi_plot(med: dict[str, float], import_torch: float) -> None:
+    """A horizontal bar chart (SVG, no plotting library needed) of docs/ttfi.svg."""
+    labels = [
+        ("compile-cold", "torch.compile, cold"),
+        ("compile-warm", "torch.compile, warm inductor cache"),
+        ("aoti-load-package", "aoti_load_package(.pt2)"),
+        ("resolve-load", "resolve + load + first call (this project)"),
+    ]
+    top = max(med.values())
+    width, bar_h, left = 760, 26, 300
+    rows = []
+    for i, (k, label) in enumerate(labels):
+        y = 40 + i * (bar_h + 14)
+        w = (width - left - 90) * med[k] / top
+        rows.append(f'<text x="{left - 10}" y="{y + 18}" text-anchor="end">{label}</text>')
+        rows.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="#4a78b5"/>')
+        rows.append(f'<text x="{left + w + 6:.1f}" y="{y + 18}">{med[k]:.2f} s</text>')
+    xt = left + (width - left - 90) * import_torch / top
+    rows.append(
+        f'<line x1="{xt:.1f}" y1="30" x2="{xt:.1f}" y2="{40 + 4 * (bar_h + 14)}" stroke="#c33" stroke-dasharray="4"/>'
+    )
+    rows.append(f'<text x="{xt + 4:.1f}" y="24" fill="#c33">python -c "import torch": {import_torch:.2f} s</text>')
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{60 + 4 * (bar_h + 14)}" '
+        'font-family="sans-serif" font-size="13">'
+        '<rect width="100%" height="100%" fill="white"/>' + "".join(rows) + "</svg>\n"
+    )
+    (ROOT / "docs" / "ttfi.svg").write_text(svg)
+
+
 def run_example(package: str, example: str) -> dict[str, object]:
     out = subprocess.run(
         ["cargo", "run", "--release", "--quiet", "-p", package, "--example", example],
@@ -135,7 +249,7 @@ def run_example(package: str, example: str) -> dict[str, object]:
 
 
 def main() -> None:
-    sections = sys.argv[1:] or ["resolve", "store", "verify"]
+    sections = sys.argv[1:] or ["resolve", "store", "verify", "ttfi"]
     OUT.mkdir(exist_ok=True)
     results: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     if "resolve" in sections:
@@ -144,6 +258,8 @@ def main() -> None:
         results["store"] = run_example("tcg-cas", "bench_store")
     if "verify" in sections:
         results["verify"] = run_example("tcg-core", "bench_verify")
+    if "ttfi" in sections:
+        results["ttfi"] = bench_ttfi(repeat=3)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (OUT / f"bench-{stamp}.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(json.dumps(results, indent=1, sort_keys=True))

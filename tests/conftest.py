@@ -13,3 +13,26 @@ TESTDATA = ROOT / "testdata"
 @pytest.fixture(scope="session")
 def spec_vectors() -> dict[str, Any]:
     return json.loads((TESTDATA / "spec_vectors.json").read_text())
+
+
+def run_demo(workdir: Path) -> dict[str, Any]:
+    """Run scripts/demo.py at its small size in `workdir`; return its JSON report."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--dir", str(workdir), "--small", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.fixture(scope="session")
+def demo_minted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One real AOTInductor mint per test session (the demo's first run), shared by the
+    end-to-end, engine and artifact tests that need a package this project compiled."""
+    workdir = tmp_path_factory.mktemp("demo")
+    return workdir, run_demo(workdir)
