@@ -2,7 +2,7 @@
 in the same session. Results go to bench-out/ (JSON) and are summarised on
 stdout; docs/benchmarks.md records them with this command.
 
-    python scripts/bench.py [section ...]     sections: resolve, store, verify, ttfi (default: all)
+    python scripts/bench.py [section ...]     sections: resolve, store, verify, ttfi, mint (default: all)
 """
 
 from __future__ import annotations
@@ -237,6 +237,57 @@ def write_ttfi_plot(med: dict[str, float], import_torch: float) -> None:
     (ROOT / "docs" / "ttfi.svg").write_text(svg)
 
 
+MINT_CHILD = """
+import json, sys, time
+sys.path.insert(0, {scripts!r})
+import torch
+import torch_compiled_graphs.compile as policy
+import demo
+spent = []
+real = policy.compile_package
+def timed_compile(*args, **kwargs):
+    t = time.perf_counter()
+    try:
+        return real(*args, **kwargs)
+    finally:
+        spent.append(time.perf_counter() - t)
+policy.compile_package = timed_compile
+from pathlib import Path
+result = demo.mint(Path(sys.argv[1]), sys.argv[2])
+assert result["outcome"] == "MINTED", result
+print(json.dumps({{"ensure_s": result["ensure_s"], "compile_s": sum(spent)}}))
+"""
+
+
+def bench_mint(repeat: int) -> dict[str, object]:
+    """Mint overhead beyond the compile (declare, pack, verify, store, resolve), cold inductor cache."""
+    results: dict[str, object] = {}
+    child = MINT_CHILD.format(scripts=str(ROOT / "scripts"))
+    for size in ("small", "default"):
+        runs = []
+        for i in range(repeat):
+            with tempfile.TemporaryDirectory(prefix="tcg-mint-") as tmp:
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
+                out = subprocess.run(
+                    [sys.executable, "-c", child, os.path.join(tmp, "demo"), size],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        ensure = statistics.median(r["ensure_s"] for r in runs)
+        compile_s = statistics.median(r["compile_s"] for r in runs)
+        overheads = [(r["ensure_s"] - r["compile_s"]) / r["compile_s"] for r in runs]
+        results[size] = {
+            "median_ensure_s": ensure,
+            "median_compile_s": compile_s,
+            "overhead_fraction_of_compile": statistics.median(overheads),
+            "runs": runs,
+        }
+    return results
+
+
 def run_example(package: str, example: str) -> dict[str, object]:
     out = subprocess.run(
         ["cargo", "run", "--release", "--quiet", "-p", package, "--example", example],
@@ -249,7 +300,7 @@ def run_example(package: str, example: str) -> dict[str, object]:
 
 
 def main() -> None:
-    sections = sys.argv[1:] or ["resolve", "store", "verify", "ttfi"]
+    sections = sys.argv[1:] or ["resolve", "store", "verify", "ttfi", "mint"]
     OUT.mkdir(exist_ok=True)
     results: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     if "resolve" in sections:
@@ -260,6 +311,8 @@ def main() -> None:
         results["verify"] = run_example("tcg-core", "bench_verify")
     if "ttfi" in sections:
         results["ttfi"] = bench_ttfi(repeat=3)
+    if "mint" in sections:
+        results["mint"] = bench_mint(repeat=2)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (OUT / f"bench-{stamp}.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(json.dumps(results, indent=1, sort_keys=True))
