@@ -92,3 +92,11 @@ def test_large_integers_encode_like_python_or_are_refused(value: int) -> None:
             canonical_json([value])
         assert e.value.code == "cj.integer_range"
         assert "$[0]" in str(e.value)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.integers(1, 99), st.integers(-320, 308))
+def test_short_decimal_floats_equal_python(mantissa: int, exponent: int) -> None:
+    value = float(f"{mantissa}e{exponent}")
+    if math.isfinite(value):
+        assert canonical_json(value) == reference(value)

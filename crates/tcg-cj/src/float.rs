@@ -25,8 +25,10 @@ fn split_sci(sci: &str) -> (bool, String, i32) {
 fn shortest_digits(x: f64) -> (bool, String, i32) {
     let (negative, digits, exp) = split_sci(&format!("{x:e}"));
     let n = digits.len();
+    // The exact expansion may sit one decade lower than the shortest digits
+    // when those rounded up past a power of ten (1e283 is 9.99…e282 exactly);
+    // the candidate is built from the exact digits at their own exponent.
     let (_, exact, exact_exp) = split_sci(&format!("{:.800e}", x));
-    debug_assert_eq!(exact_exp, exp);
     let (head, rest) = exact.split_at(n);
     let rest = rest.trim_end_matches('0');
     let round_up = match rest.as_bytes().first() {
@@ -41,18 +43,18 @@ fn shortest_digits(x: f64) -> (bool, String, i32) {
             if i == 0 {
                 bytes.insert(0, b'1');
                 bytes.truncate(n);
-                break (bytes, exp + 1);
+                break (bytes, exact_exp + 1);
             }
             i -= 1;
             if bytes[i] == b'9' {
                 bytes[i] = b'0';
             } else {
                 bytes[i] += 1;
-                break (bytes, exp);
+                break (bytes, exact_exp);
             }
         }
     } else {
-        (head.as_bytes().to_vec(), exp)
+        (head.as_bytes().to_vec(), exact_exp)
     };
     let candidate = String::from_utf8(candidate).expect("ascii digits");
     let text = format!(
@@ -147,6 +149,10 @@ mod tests {
             (-562949953421312.2, "-562949953421312.2"),
             (0.3, "0.3"),
             (f64::from_bits(1), "5e-324"),
+            (1e283, "1e+283"),
+            (9.999999999999999e22, "1e+23"),
+            (1e23, "1e+23"),
+            (0.1 + 0.2, "0.30000000000000004"),
         ];
         for (x, want) in table {
             assert_eq!(python_repr(*x), *want, "{x:e}");

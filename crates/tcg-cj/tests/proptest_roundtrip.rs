@@ -37,3 +37,15 @@ proptest! {
         prop_assert_eq!(back.to_bits(), f.to_bits());
     }
 }
+
+proptest! {
+    /// Decimal powers and short mantissas: where the shortest digits round up past a power of ten.
+    #[test]
+    fn short_decimal_floats_round_trip(m in 1u32..100, e in -320i32..308) {
+        let f: f64 = format!("{m}e{e}").parse().unwrap();
+        prop_assume!(f.is_finite() && f != 0.0);
+        let text = to_canonical_string(&Value::Float(f)).unwrap();
+        let back: f64 = text.parse().unwrap();
+        prop_assert_eq!(back.to_bits(), f.to_bits());
+    }
+}
