@@ -108,7 +108,10 @@ fn names(dir: &Path) -> Result<Vec<std::ffi::OsString>> {
     Ok(out)
 }
 
-fn open_regular(path: &Path) -> Result<(File, (u64, u64, u64, i64, i64))> {
+/// `(dev, ino, size, mtime, mtime_nsec)`: what must not change while a file is compared.
+type FileIdentity = (u64, u64, u64, i64, i64);
+
+fn open_regular(path: &Path) -> Result<(File, FileIdentity)> {
     let f = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
