@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run the four cargo-fuzz targets in parallel for SECONDS each (libFuzzer fork
+# mode, 3 workers a target), resuming from and returning their corpora.
+# Binaries are built here with `RUSTC_BOOTSTRAP=1 cargo fuzz build -O` in fuzz/,
+# stripped into fuzz-bin/, and carried to the device machine (16 cores).
+# Usage: scripts/fuzz_device.sh SECONDS OUTDIR
+set -u
+secs=${1:?seconds}
+out=${2:?outdir}
+cd "$(dirname "$0")/.."
+mkdir -p "$out" fuzz-bin/corpus
+if [ -f fuzz-bin/corpus.tar.gz ]; then tar xzf fuzz-bin/corpus.tar.gz -C fuzz-bin/corpus; fi
+seed() {
+  case $1 in
+    envelope_reader) echo testdata/adversarial ;;
+    metadata) echo fuzz-bin/seeds-metadata ;;
+    wrapper) echo fuzz-bin/seeds-wrapper ;;
+    elf) echo fuzz-bin/seeds-elf ;;
+  esac
+}
+for t in envelope_reader metadata wrapper elf; do
+  mkdir -p "fuzz-bin/corpus/$t" "$out/crashes"
+  ./fuzz-bin/$t "fuzz-bin/corpus/$t" "$(seed $t)" -fork=3 -max_total_time="$secs" \
+    -rss_limit_mb=4096 -artifact_prefix="$out/crashes/$t-" >"$out/$t.log" 2>&1 &
+done
+wait
+{
+  for t in envelope_reader metadata wrapper elf; do
+    echo "== $t: $(ls fuzz-bin/corpus/$t | wc -l) corpus inputs"
+    grep -E "^#[0-9]+: cov|DONE|ERROR|deadly|crash" "$out/$t.log" | tail -3
+  done
+  echo "== crashes: $(ls "$out/crashes" | wc -l)"
+} >"$out/summary.txt"
+tar czf "$out/corpus.tar.gz" -C fuzz-bin/corpus .
+tar czf "$out/logs.tar.gz" -C "$out" envelope_reader.log metadata.log wrapper.log elf.log crashes
+rm -rf "$out"/*.log "$out/crashes"
+cat "$out/summary.txt"
