@@ -456,9 +456,14 @@ impl Write for ChunkedWriter<'_> {
         self.accept(data).map_err(StoreError::into_io)
     }
 
-    /// Buffered bytes are written at chunk edges and in [`ChunkedWriter::finish`];
-    /// `flush` only pushes the buffer to the current temp.
+    /// Pushes buffered bytes to the current chunk's temp (no fsync; chunks
+    /// are fsynced when sealed).
     fn flush(&mut self) -> io::Result<()> {
+        self.guard().map_err(StoreError::into_io)?;
+        if let Err(e) = self.flush_buf() {
+            self.failed = true;
+            return Err(e.into_io());
+        }
         Ok(())
     }
 }
