@@ -280,7 +280,7 @@ impl Store {
                 match self.load_manifest_pinned(&t.digest) {
                     Ok(m) => {
                         let ds: Vec<Digest> = m.chunks.iter().map(|c| c.digest).collect();
-                        lease.pin(&ds).map(|()| ())
+                        lease.pin(&ds)
                     }
                     Err(e) => Err(e),
                 }

@@ -134,7 +134,7 @@ fn planted_defects_are_reported_typed_by_fsck_and_never_served() {
     let mut dangling: Vec<String> = r
         .dangling_refs
         .iter()
-        .map(|d| format!("{}", d.error.code()))
+        .map(|d| d.error.code().to_string())
         .collect();
     dangling.sort();
     // ref 2 (manifest is a symlink), ref 3 (chunk is a fifo), adv/missing: closure;
