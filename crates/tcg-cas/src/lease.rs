@@ -12,7 +12,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{io_err, Result, StoreError};
 use crate::fsutil;
@@ -23,10 +23,17 @@ use crate::{Digest, Store};
 /// (its `flock` is gone) and is reaped by the next GC.
 #[derive(Debug)]
 pub struct Lease {
+    core: Arc<LeaseCore>,
+}
+
+/// The shared part of a lease, so that a writer's helper thread can pin and
+/// create temps; the [`Lease`] owner ends it.
+#[derive(Debug)]
+pub(crate) struct LeaseCore {
     store: Store,
     id: String,
     path: PathBuf,
-    file: Option<File>,
+    file: Mutex<Option<File>>,
     next_temp: AtomicU64,
     pinned: Mutex<HashSet<Digest>>,
 }
@@ -59,12 +66,14 @@ impl Store {
                 continue;
             }
             return Ok(Lease {
-                store: self.clone(),
-                id,
-                path,
-                file: Some(file),
-                next_temp: AtomicU64::new(0),
-                pinned: Mutex::new(HashSet::new()),
+                core: Arc::new(LeaseCore {
+                    store: self.clone(),
+                    id,
+                    path,
+                    file: Mutex::new(Some(file)),
+                    next_temp: AtomicU64::new(0),
+                    pinned: Mutex::new(HashSet::new()),
+                }),
             });
         }
     }
@@ -73,29 +82,50 @@ impl Store {
 impl Lease {
     /// The 32-hex id of this lease.
     pub fn id(&self) -> &str {
-        &self.id
+        &self.core.id
     }
 
     /// The store this lease belongs to.
     pub fn store(&self) -> &Store {
-        &self.store
+        &self.core.store
     }
 
     /// Pin digests (GC roots while this lease lives). Takes the shared store lock.
     pub fn pin(&self, digests: &[Digest]) -> Result<()> {
+        self.core.pin(digests)
+    }
+
+    /// Whether this lease has pinned `digest`.
+    pub fn is_pinned(&self, digest: &Digest) -> bool {
+        self.core
+            .pinned
+            .lock()
+            .expect("pin set poisoned")
+            .contains(digest)
+    }
+
+    pub(crate) fn core(&self) -> &Arc<LeaseCore> {
+        &self.core
+    }
+
+    pub(crate) fn create_temp(&self) -> Result<TempFile> {
+        self.core.create_temp()
+    }
+
+    /// End the lease: remove its file (still under its lock) and any temps it
+    /// left behind. Equivalent to dropping it, but reports errors.
+    pub fn end(self) -> Result<()> {
+        self.core.end()
+    }
+}
+
+impl LeaseCore {
+    pub(crate) fn pin(&self, digests: &[Digest]) -> Result<()> {
         let _shared = self.store.shared_lock()?;
         for d in digests {
             self.pin_locked(d)?;
         }
         Ok(())
-    }
-
-    /// Whether this lease has pinned `digest`.
-    pub fn is_pinned(&self, digest: &Digest) -> bool {
-        self.pinned
-            .lock()
-            .expect("pin set poisoned")
-            .contains(digest)
     }
 
     /// Append a pin; the caller holds the shared store lock.
@@ -142,14 +172,8 @@ impl Lease {
         }
     }
 
-    /// End the lease: remove its file (still under its lock) and any temps it
-    /// left behind. Equivalent to dropping it, but reports errors.
-    pub fn end(mut self) -> Result<()> {
-        self.end_inner()
-    }
-
-    fn end_inner(&mut self) -> Result<()> {
-        let Some(file) = self.file.take() else {
+    fn end(&self) -> Result<()> {
+        let Some(file) = self.file.lock().expect("lease file poisoned").take() else {
             return Ok(());
         };
         let res = match fs::remove_file(&self.path) {
@@ -165,7 +189,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let _ = self.end_inner();
+        let _ = self.core.end();
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::io::{self, Read, Write};
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
 use tcg_cj::{Map, Value};
@@ -182,10 +182,11 @@ impl Store {
             store: self.clone(),
             lease,
             buf: Vec::with_capacity(IO_BUF),
-            chunk: None,
+            hasher: Hasher::default(),
+            chunk_len: 0,
             chunks: Vec::new(),
             size: 0,
-            whole: Whole::None,
+            pipe: None,
             failed: false,
         }
     }
@@ -227,32 +228,128 @@ impl Store {
     }
 }
 
-enum Whole {
-    /// Nothing beyond the first chunk yet.
-    None,
-    /// A helper thread hashes chunks 2..n while the caller hashes and writes.
-    Thread {
-        tx: Option<mpsc::SyncSender<Vec<u8>>>,
-        back: mpsc::Receiver<Vec<u8>>,
-        handle: Option<JoinHandle<Digest>>,
+/// Work for the sink thread, in stream order.
+enum ToSink {
+    /// Bytes of the current chunk.
+    Data(Vec<u8>),
+    /// The current chunk is complete; `whole_from` starts the whole-file hash
+    /// (chunk 1's hasher state) after the first chunk.
+    Seal {
+        digest: Digest,
+        whole_from: Option<Hasher>,
     },
+    /// Reply once everything before has been written (and sealed chunks installed).
+    Barrier(mpsc::SyncSender<()>),
+}
+
+enum ToWhole {
+    Data(Vec<u8>),
+    Start(Hasher),
+}
+
+/// Helper threads: the sink writes temps and installs chunks (fsync, link)
+/// while the caller's thread reads and hashes chunks; the whole-file hash of
+/// chunks 2..n runs on a third thread. Buffers circulate caller -> sink ->
+/// whole -> caller, so memory stays bounded (about 8 MiB).
+struct Pipeline {
+    tx: Option<mpsc::SyncSender<ToSink>>,
+    back: mpsc::Receiver<Vec<u8>>,
+    sink: Option<JoinHandle<Result<()>>>,
+    whole: Option<JoinHandle<Option<Digest>>>,
+}
+
+impl Pipeline {
+    fn start(store: &Store, lease: &Lease) -> Pipeline {
+        let (tx, rx) = mpsc::sync_channel::<ToSink>(2);
+        let (wtx, wrx) = mpsc::sync_channel::<ToWhole>(2);
+        let (btx, back) = mpsc::sync_channel::<Vec<u8>>(4);
+        let store = store.clone();
+        let core = Arc::clone(lease.core());
+        let sink = std::thread::spawn(move || -> Result<()> {
+            let mut temp: Option<(TempFile, u64)> = None;
+            for msg in rx {
+                match msg {
+                    ToSink::Data(v) => {
+                        if temp.is_none() {
+                            temp = Some((core.create_temp()?, 0));
+                        }
+                        let (t, len) = temp.as_mut().expect("temp just ensured");
+                        t.file().write_all(&v).map_err(io_err("write", &t.path))?;
+                        *len += v.len() as u64;
+                        let _ = wtx.send(ToWhole::Data(v));
+                    }
+                    ToSink::Seal { digest, whole_from } => {
+                        if let Some(h) = whole_from {
+                            let _ = wtx.send(ToWhole::Start(h));
+                        }
+                        let (t, len) = temp.take().expect("a sealed chunk has bytes");
+                        store.install_temp(&core, t, &digest, len)?;
+                    }
+                    ToSink::Barrier(reply) => {
+                        let _ = reply.send(());
+                    }
+                }
+            }
+            Ok(())
+        });
+        let whole = std::thread::spawn(move || {
+            let mut h: Option<Hasher> = None;
+            for msg in wrx {
+                match msg {
+                    ToWhole::Data(v) => {
+                        if let Some(h) = h.as_mut() {
+                            h.update(&v);
+                        }
+                        let _ = btx.try_send(v);
+                    }
+                    ToWhole::Start(s) => h = Some(s),
+                }
+            }
+            h.map(Hasher::finish)
+        });
+        Pipeline {
+            tx: Some(tx),
+            back,
+            sink: Some(sink),
+            whole: Some(whole),
+        }
+    }
+
+    /// Stop the threads; the sink's error if it failed.
+    fn stop(&mut self) -> (Result<()>, Option<Digest>) {
+        self.tx.take();
+        let sink = match self.sink.take().map(JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => panic!("store sink thread panicked"),
+            None => Ok(()),
+        };
+        let whole = match self.whole.take().map(JoinHandle::join) {
+            Some(Ok(d)) => d,
+            Some(Err(_)) => panic!("store hash thread panicked"),
+            None => None,
+        };
+        (sink, whole)
+    }
 }
 
 /// Streaming writer of one file (`impl Write`): cuts 64 MiB chunks from offset
 /// 0, installs each as an object pinned in the lease, and on [`finish`]
-/// installs the manifest. Memory is bounded (a few MiB). Dropping it without
-/// `finish` discards the partial chunk; installed chunks stay pinned until the
-/// lease ends and are then garbage.
+/// installs the manifest. Memory is bounded (about 8 MiB). Writing, fsync and
+/// install of chunk objects, and the whole-file hash, run on helper threads.
+/// Dropping it without `finish` discards the partial chunk; installed chunks
+/// stay pinned until the lease ends and are then garbage.
 ///
 /// [`finish`]: ChunkedWriter::finish
 pub struct ChunkedWriter<'l> {
     store: Store,
     lease: &'l Lease,
     buf: Vec<u8>,
-    chunk: Option<(TempFile, Hasher, u64)>,
+    hasher: Hasher,
+    /// Bytes of the current chunk already handed to the sink.
+    chunk_len: u64,
     chunks: Vec<Chunk>,
     size: u64,
-    whole: Whole,
+    pipe: Option<Pipeline>,
     failed: bool,
 }
 
@@ -271,85 +368,85 @@ impl ChunkedWriter<'_> {
         self.size
     }
 
-    fn chunk_len(&self) -> u64 {
-        self.chunk.as_ref().map_or(0, |c| c.2)
-    }
-
     /// How many more bytes fit in the buffer without crossing a chunk edge.
     fn room(&self) -> usize {
-        let to_edge = self.store.chunk_bytes() - self.chunk_len() - self.buf.len() as u64;
+        let to_edge = self.store.chunk_bytes() - self.chunk_len - self.buf.len() as u64;
         (IO_BUF - self.buf.len()).min(to_edge.min(usize::MAX as u64) as usize)
+    }
+
+    fn send(&mut self, msg: ToSink) -> Result<()> {
+        let pipe = self.pipe.as_mut().expect("pipeline started");
+        let sent = pipe.tx.as_ref().map(|tx| tx.send(msg).is_ok());
+        if sent == Some(true) {
+            return Ok(());
+        }
+        self.failed = true;
+        match pipe.stop().0 {
+            Err(e) => Err(e),
+            Ok(()) => Err(self.poisoned()),
+        }
+    }
+
+    fn poisoned(&self) -> StoreError {
+        StoreError::Io {
+            op: "write after failure",
+            path: self.store.dir("tmp"),
+            source: io::Error::other("chunked writer failed earlier"),
+        }
     }
 
     fn flush_buf(&mut self) -> Result<()> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        if self.chunk.is_none() {
-            self.chunk = Some((self.lease.create_temp()?, Hasher::default(), 0));
+        if self.pipe.is_none() {
+            self.pipe = Some(Pipeline::start(&self.store, self.lease));
         }
-        let (temp, hasher, len) = self.chunk.as_mut().expect("chunk just ensured");
-        hasher.update(&self.buf);
-        temp.file()
-            .write_all(&self.buf)
-            .map_err(io_err("write", &temp.path))?;
-        *len += self.buf.len() as u64;
-        let full = *len == self.store.chunk_bytes();
-        if let Whole::Thread {
-            tx: Some(tx), back, ..
-        } = &mut self.whole
-        {
-            let spare = back
-                .try_recv()
-                .unwrap_or_else(|_| Vec::with_capacity(IO_BUF));
-            let data = std::mem::replace(&mut self.buf, spare);
-            tx.send(data).expect("hash thread alive");
-        }
+        self.hasher.update(&self.buf);
+        self.chunk_len += self.buf.len() as u64;
+        let spare = self
+            .pipe
+            .as_ref()
+            .and_then(|p| p.back.try_recv().ok())
+            .unwrap_or_else(|| Vec::with_capacity(IO_BUF));
+        let data = std::mem::replace(&mut self.buf, spare);
         self.buf.clear();
-        if full {
+        self.send(ToSink::Data(data))?;
+        if self.chunk_len == self.store.chunk_bytes() {
             self.seal_chunk()?;
         }
         Ok(())
     }
 
     fn seal_chunk(&mut self) -> Result<()> {
-        let Some((temp, hasher, len)) = self.chunk.take() else {
+        if self.chunk_len == 0 {
             return Ok(());
-        };
-        if self.chunks.is_empty() {
-            // The whole-file hash of chunks 2..n continues from chunk 1's state,
-            // so a one-chunk file is hashed exactly once.
-            let mut whole = hasher.clone();
-            let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(3);
-            let (btx, back) = mpsc::sync_channel::<Vec<u8>>(4);
-            let handle = std::thread::spawn(move || {
-                for data in rx {
-                    whole.update(&data);
-                    let _ = btx.try_send(data);
-                }
-                whole.finish()
-            });
-            self.whole = Whole::Thread {
-                tx: Some(tx),
-                back,
-                handle: Some(handle),
-            };
         }
+        let hasher = std::mem::take(&mut self.hasher);
+        // The whole-file hash of chunks 2..n continues from chunk 1's state,
+        // so a one-chunk file is hashed exactly once.
+        let whole_from = self.chunks.is_empty().then(|| hasher.clone());
         let digest = hasher.finish();
-        self.store.install_temp(self.lease, temp, &digest, len)?;
-        self.chunks.push(Chunk { digest, len });
-        Ok(())
+        self.chunks.push(Chunk {
+            digest,
+            len: self.chunk_len,
+        });
+        self.chunk_len = 0;
+        self.send(ToSink::Seal { digest, whole_from })
     }
 
     fn guard(&self) -> Result<()> {
         if self.failed {
-            return Err(StoreError::Io {
-                op: "write after failure",
-                path: self.store.dir("tmp"),
-                source: io::Error::other("chunked writer failed earlier"),
-            });
+            return Err(self.poisoned());
         }
         Ok(())
+    }
+
+    fn after(&mut self, r: Result<()>) -> Result<()> {
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
     }
 
     fn accept(&mut self, data: &[u8]) -> Result<usize> {
@@ -361,10 +458,8 @@ impl ChunkedWriter<'_> {
             off += n;
             self.size += n as u64;
             if self.room() == 0 {
-                if let Err(e) = self.flush_buf() {
-                    self.failed = true;
-                    return Err(e);
-                }
+                let r = self.flush_buf();
+                self.after(r)?;
             }
         }
         Ok(data.len())
@@ -398,33 +493,49 @@ impl ChunkedWriter<'_> {
             total += n as u64;
             self.size += n as u64;
             if self.room() == 0 {
-                if let Err(e) = self.flush_buf() {
-                    self.failed = true;
-                    return Err(e);
-                }
+                let r = self.flush_buf();
+                self.after(r)?;
             }
         }
+    }
+
+    /// Push buffered bytes to the current chunk's temp and wait until the
+    /// helper thread has written them (sealed chunks are installed by then).
+    fn barrier(&mut self) -> Result<()> {
+        self.guard()?;
+        let r = self.flush_buf();
+        self.after(r)?;
+        if self.pipe.is_none() {
+            return Ok(());
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        let r = self.send(ToSink::Barrier(tx));
+        self.after(r)?;
+        if rx.recv().is_err() {
+            self.failed = true;
+            let pipe = self.pipe.as_mut().expect("pipeline started");
+            return Err(pipe.stop().0.err().unwrap_or_else(|| self.poisoned()));
+        }
+        Ok(())
     }
 
     /// Install the last chunk and the manifest; return what was stored.
     pub fn finish(mut self) -> Result<ManifestInfo> {
         self.guard()?;
         self.flush_buf()?;
-        if self.chunk_len() > 0 {
-            self.seal_chunk()?;
-        }
-        let file_digest = match (&mut self.whole, self.chunks.len()) {
-            (_, 0) => Digest::of(b""),
-            (_, 1) => self.chunks[0].digest,
-            (Whole::Thread { tx, handle, .. }, _) => {
-                tx.take();
-                handle
-                    .take()
-                    .expect("hash thread joined once")
-                    .join()
-                    .expect("hash thread panicked")
+        self.seal_chunk()?;
+        let whole = match self.pipe.as_mut() {
+            Some(p) => {
+                let (sink, whole) = p.stop();
+                sink?;
+                whole
             }
-            (Whole::None, _) => unreachable!("a thread exists after the first chunk"),
+            None => None,
+        };
+        let file_digest = match self.chunks.len() {
+            0 => Digest::of(b""),
+            1 => self.chunks[0].digest,
+            _ => whole.expect("the whole-file hash runs after the first chunk"),
         };
         let manifest = Manifest {
             file_digest,
@@ -442,11 +553,8 @@ impl ChunkedWriter<'_> {
 
 impl Drop for ChunkedWriter<'_> {
     fn drop(&mut self) {
-        if let Whole::Thread { tx, handle, .. } = &mut self.whole {
-            tx.take();
-            if let Some(h) = handle.take() {
-                let _ = h.join();
-            }
+        if let Some(p) = self.pipe.as_mut() {
+            let _ = p.stop();
         }
     }
 }
@@ -456,15 +564,11 @@ impl Write for ChunkedWriter<'_> {
         self.accept(data).map_err(StoreError::into_io)
     }
 
-    /// Pushes buffered bytes to the current chunk's temp (no fsync; chunks
-    /// are fsynced when sealed).
+    /// Pushes buffered bytes to the current chunk's temp and waits until they
+    /// are written (no fsync; chunks are fsynced when sealed). Reports a
+    /// failure of the helper thread (ENOSPC, EROFS, ...).
     fn flush(&mut self) -> io::Result<()> {
-        self.guard().map_err(StoreError::into_io)?;
-        if let Err(e) = self.flush_buf() {
-            self.failed = true;
-            return Err(e.into_io());
-        }
-        Ok(())
+        self.barrier().map_err(StoreError::into_io)
     }
 }
 

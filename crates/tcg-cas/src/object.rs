@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::digest::Hasher;
 use crate::error::{io_err, Result, StoreError};
 use crate::fsutil;
-use crate::lease::{Lease, TempFile};
+use crate::lease::{Lease, LeaseCore, TempFile};
 use crate::{Digest, Store};
 
 /// Buffer length of streaming reads and writes.
@@ -22,7 +22,7 @@ impl Store {
         temp.file()
             .write_all(bytes)
             .map_err(io_err("write", &temp.path))?;
-        self.install_temp(lease, temp, &digest, bytes.len() as u64)?;
+        self.install_temp(lease.core(), temp, &digest, bytes.len() as u64)?;
         Ok(digest)
     }
 
@@ -63,7 +63,7 @@ impl Store {
                 });
             }
         }
-        self.install_temp(lease, temp, &digest, len)?;
+        self.install_temp(lease.core(), temp, &digest, len)?;
         Ok((digest, len))
     }
 
@@ -77,7 +77,7 @@ impl Store {
     /// (SPEC-v1 §9.2 steps 2–6).
     pub(crate) fn install_temp(
         &self,
-        lease: &Lease,
+        lease: &LeaseCore,
         mut temp: TempFile,
         digest: &Digest,
         len: u64,

@@ -84,9 +84,15 @@ fn a_full_filesystem_during_ingest_is_an_enospc_io_error_and_the_store_stays_con
                 break;
             }
         }
-        let e = err.expect("a 1 MiB tmpfs fills up");
+        // The helper thread's failure surfaces on a later write or at finish.
+        let e = match err {
+            Some(e) => {
+                drop(w);
+                e
+            }
+            None => w.finish().expect_err("a 1 MiB tmpfs fills up"),
+        };
         assert_io_errno(&e, libc::ENOSPC);
-        drop(w);
         let e = store
             .ingest_reader(&lease, &bytes(7, 2 << 20)[..])
             .unwrap_err();
@@ -117,6 +123,7 @@ fn a_read_only_remount_during_ingest_is_an_erofs_io_error_and_the_store_stays_co
         // Two whole chunks are installed; between chunks no store file is
         // open for writing, so the remount is allowed.
         w.write_all(&bytes(2, 2 * SMALL_CHUNK as usize)).unwrap();
+        w.flush().unwrap();
         mnt.remount("ro");
         let r = w
             .write_all(&bytes(3, 20_000))
