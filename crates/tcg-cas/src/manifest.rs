@@ -181,7 +181,8 @@ impl Store {
         ChunkedWriter {
             store: self.clone(),
             lease,
-            buf: Vec::with_capacity(IO_BUF),
+            buf: Vec::new(),
+            filled: 0,
             hasher: Hasher::default(),
             chunk_len: 0,
             chunks: Vec::new(),
@@ -343,7 +344,9 @@ impl Pipeline {
 pub struct ChunkedWriter<'l> {
     store: Store,
     lease: &'l Lease,
+    /// Always `IO_BUF` long once in use (never re-zeroed); `filled` bytes are data.
     buf: Vec<u8>,
+    filled: usize,
     hasher: Hasher,
     /// Bytes of the current chunk already handed to the sink.
     chunk_len: u64,
@@ -370,8 +373,14 @@ impl ChunkedWriter<'_> {
 
     /// How many more bytes fit in the buffer without crossing a chunk edge.
     fn room(&self) -> usize {
-        let to_edge = self.store.chunk_bytes() - self.chunk_len - self.buf.len() as u64;
-        (IO_BUF - self.buf.len()).min(to_edge.min(usize::MAX as u64) as usize)
+        let to_edge = self.store.chunk_bytes() - self.chunk_len - self.filled as u64;
+        (IO_BUF - self.filled).min(to_edge.min(usize::MAX as u64) as usize)
+    }
+
+    fn ensure_buf(&mut self) {
+        if self.buf.len() != IO_BUF {
+            self.buf = vec![0; IO_BUF];
+        }
     }
 
     fn send(&mut self, msg: ToSink) -> Result<()> {
@@ -396,21 +405,26 @@ impl ChunkedWriter<'_> {
     }
 
     fn flush_buf(&mut self) -> Result<()> {
-        if self.buf.is_empty() {
+        if self.filled == 0 {
             return Ok(());
         }
         if self.pipe.is_none() {
             self.pipe = Some(Pipeline::start(&self.store, self.lease));
         }
-        self.hasher.update(&self.buf);
-        self.chunk_len += self.buf.len() as u64;
+        self.hasher.update(&self.buf[..self.filled]);
+        self.chunk_len += self.filled as u64;
         let spare = self
             .pipe
             .as_ref()
             .and_then(|p| p.back.try_recv().ok())
-            .unwrap_or_else(|| Vec::with_capacity(IO_BUF));
-        let data = std::mem::replace(&mut self.buf, spare);
-        self.buf.clear();
+            .map(|mut v| {
+                v.resize(IO_BUF, 0);
+                v
+            })
+            .unwrap_or_else(|| vec![0; IO_BUF]);
+        let mut data = std::mem::replace(&mut self.buf, spare);
+        data.truncate(self.filled);
+        self.filled = 0;
         self.send(ToSink::Data(data))?;
         if self.chunk_len == self.store.chunk_bytes() {
             self.seal_chunk()?;
@@ -454,7 +468,9 @@ impl ChunkedWriter<'_> {
         let mut off = 0;
         while off < data.len() {
             let n = self.room().min(data.len() - off);
-            self.buf.extend_from_slice(&data[off..off + n]);
+            self.ensure_buf();
+            self.buf[self.filled..self.filled + n].copy_from_slice(&data[off..off + n]);
+            self.filled += n;
             off += n;
             self.size += n as u64;
             if self.room() == 0 {
@@ -472,24 +488,15 @@ impl ChunkedWriter<'_> {
         let mut total = 0u64;
         loop {
             let room = self.room();
-            let start = self.buf.len();
-            self.buf.resize(start + room, 0);
-            let n = match reader.read(&mut self.buf[start..]) {
-                Ok(0) => {
-                    self.buf.truncate(start);
-                    return Ok(total);
-                }
+            self.ensure_buf();
+            let start = self.filled;
+            let n = match reader.read(&mut self.buf[start..start + room]) {
+                Ok(0) => return Ok(total),
                 Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                    self.buf.truncate(start);
-                    continue;
-                }
-                Err(e) => {
-                    self.buf.truncate(start);
-                    return Err(StoreError::from_io(e, "read source", "<reader>"));
-                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(StoreError::from_io(e, "read source", "<reader>")),
             };
-            self.buf.truncate(start + n);
+            self.filled += n;
             total += n as u64;
             self.size += n as u64;
             if self.room() == 0 {
