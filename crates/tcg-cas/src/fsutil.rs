@@ -267,3 +267,17 @@ pub(crate) fn create_dirs_tracked(base: &Path, dir: &Path) -> Result<Vec<PathBuf
     }
     Ok(made)
 }
+
+/// Ask the kernel to start writing back a range now (no wait, errors ignored:
+/// the fsync that follows is what counts).
+pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) {
+    // SAFETY: sync_file_range on a valid descriptor with plain integers.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
+    }
+}

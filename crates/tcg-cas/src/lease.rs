@@ -275,5 +275,5 @@ fn _assert_send_sync() {
     fn f<T: Send + Sync>() {}
     f::<Lease>();
     f::<Store>();
-    let _ = StoreError::code;
+    f::<StoreError>();
 }

@@ -48,7 +48,9 @@ pub use lock::NamedLock;
 pub use manifest::{Chunk, ChunkedReader, ChunkedWriter, Manifest, ManifestInfo};
 pub use materialize::{MaterializeMethod, MaterializeReport};
 pub use object::ObjectReader;
-pub use refs::{validate_ref_name, CasOutcome, RefEntry, RefKind, RefListing, Target};
+pub use refs::{
+    validate_ref_name, CasOutcome, RefEntry, RefKind, RefListing, Target, MAX_REF_NAME_BYTES,
+};
 
 use error::io_err;
 use fsutil::FileLock;

@@ -10,9 +10,13 @@ use tcg_cj::{Map, Value};
 
 use crate::digest::Hasher;
 use crate::error::{io_err, Result, StoreError};
+use crate::fsutil;
 use crate::lease::{Lease, TempFile};
 use crate::object::{read_object_unverified, read_object_verified, ObjectReader, IO_BUF};
 use crate::{Digest, Store};
+
+/// Bytes between writeback kicks of a chunk temp.
+const WRITEBACK_KICK: u64 = 8 << 20;
 
 /// Manifest objects longer than this are refused (about 10^6 chunks, 64 TiB).
 pub(crate) const MAX_MANIFEST_BYTES: u64 = 128 << 20;
@@ -251,7 +255,7 @@ enum ToWhole {
 /// Helper threads: the sink writes temps and installs chunks (fsync, link)
 /// while the caller's thread reads and hashes chunks; the whole-file hash of
 /// chunks 2..n runs on a third thread. Buffers circulate caller -> sink ->
-/// whole -> caller, so memory stays bounded (about 8 MiB).
+/// whole -> caller, so memory stays bounded (about 16 MiB).
 struct Pipeline {
     tx: Option<mpsc::SyncSender<ToSink>>,
     back: mpsc::Receiver<Vec<u8>>,
@@ -261,7 +265,7 @@ struct Pipeline {
 
 impl Pipeline {
     fn start(store: &Store, lease: &Lease) -> Pipeline {
-        let (tx, rx) = mpsc::sync_channel::<ToSink>(2);
+        let (tx, rx) = mpsc::sync_channel::<ToSink>(8);
         let (wtx, wrx) = mpsc::sync_channel::<ToWhole>(2);
         let (btx, back) = mpsc::sync_channel::<Vec<u8>>(4);
         let store = store.clone();
@@ -276,7 +280,13 @@ impl Pipeline {
                         }
                         let (t, len) = temp.as_mut().expect("temp just ensured");
                         t.file().write_all(&v).map_err(io_err("write", &t.path))?;
+                        let before = *len;
                         *len += v.len() as u64;
+                        if before / WRITEBACK_KICK != *len / WRITEBACK_KICK {
+                            // Start writeback early so the fsync at the seal is short.
+                            let end = *len / WRITEBACK_KICK * WRITEBACK_KICK;
+                            fsutil::start_writeback(t.file(), end - WRITEBACK_KICK, WRITEBACK_KICK);
+                        }
                         let _ = wtx.send(ToWhole::Data(v));
                     }
                     ToSink::Seal { digest, whole_from } => {
@@ -335,7 +345,7 @@ impl Pipeline {
 
 /// Streaming writer of one file (`impl Write`): cuts 64 MiB chunks from offset
 /// 0, installs each as an object pinned in the lease, and on [`finish`]
-/// installs the manifest. Memory is bounded (about 8 MiB). Writing, fsync and
+/// installs the manifest. Memory is bounded (about 16 MiB). Writing, fsync and
 /// install of chunk objects, and the whole-file hash, run on helper threads.
 /// Dropping it without `finish` discards the partial chunk; installed chunks
 /// stay pinned until the lease ends and are then garbage.
