@@ -217,10 +217,16 @@ pub(crate) fn ficlone_range(src: &File, dst: &File, len: u64, dst_off: u64) -> i
     }
 }
 
-/// Copy `len` bytes from `src` (offset 0) to `dst` at `dst_off` in the kernel.
+/// Copy `len` bytes from `src` at `src_off` to `dst` at `dst_off` in the kernel.
 /// Returns the number of bytes copied (short only at EOF of `src`).
-pub(crate) fn copy_range(src: &File, dst: &File, len: u64, dst_off: u64) -> io::Result<u64> {
-    let mut in_off: libc::loff_t = 0;
+pub(crate) fn copy_range(
+    src: &File,
+    src_off: u64,
+    dst: &File,
+    len: u64,
+    dst_off: u64,
+) -> io::Result<u64> {
+    let mut in_off: libc::loff_t = src_off as libc::loff_t;
     let mut out_off: libc::loff_t = dst_off as libc::loff_t;
     let mut done = 0u64;
     while done < len {

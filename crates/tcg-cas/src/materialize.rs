@@ -36,6 +36,9 @@ pub struct MaterializeReport {
     pub file_digest: Digest,
 }
 
+/// Bytes copied between writeback kicks.
+const WRITEBACK_PIECE: u64 = 8 << 20;
+
 fn reflink_unsupported(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -97,6 +100,7 @@ impl Store {
         } else if verify {
             let mut r = self.open_file(lease, manifest, true)?;
             let mut buf = vec![0u8; IO_BUF];
+            let mut written = 0u64;
             loop {
                 let n = match r.read(&mut buf) {
                     Ok(0) => break,
@@ -105,6 +109,12 @@ impl Store {
                     Err(e) => return Err(StoreError::from_io(e, "read", self.objects_dir())),
                 };
                 out.write_all(&buf[..n]).map_err(io_err("write", &tmp))?;
+                let before = written;
+                written += n as u64;
+                if before / WRITEBACK_PIECE != written / WRITEBACK_PIECE {
+                    let end = written / WRITEBACK_PIECE * WRITEBACK_PIECE;
+                    fsutil::start_writeback(&out, end - WRITEBACK_PIECE, WRITEBACK_PIECE);
+                }
             }
             MaterializeMethod::Verified
         } else {
@@ -195,7 +205,25 @@ fn copy_one(
     src_path: &Path,
     digest: &Digest,
 ) -> Result<()> {
-    let copied = match fsutil::copy_range(src, out, len, off) {
+    // Copy in pieces and start writeback after each, so that the final fsync
+    // finds little left to write.
+    let mut copied = 0u64;
+    let res = loop {
+        if copied == len {
+            break Ok(copied);
+        }
+        let piece = (len - copied).min(WRITEBACK_PIECE);
+        match fsutil::copy_range(src, copied, out, piece, off + copied) {
+            Ok(0) => break Ok(copied),
+            Ok(n) => {
+                fsutil::start_writeback(out, off + copied, n);
+                copied += n;
+            }
+            Err(e) if copied == 0 => break Err(e),
+            Err(e) => return Err(io_err("copy", tmp)(e)),
+        }
+    };
+    let copied = match res {
         Ok(n) => n,
         Err(e)
             if matches!(
