@@ -88,7 +88,7 @@ impl Store {
         let ds: Vec<Digest> = m.chunks.iter().map(|c| c.digest).collect();
         lease.pin(&ds)?;
         let tmp = parent.join(format!(".{fname}.{}", fsutil::random_hex32()));
-        let mut out = OpenOptions::new()
+        let out = OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o644)
@@ -98,24 +98,8 @@ impl Store {
         let method = if m.chunks.is_empty() {
             MaterializeMethod::Empty
         } else if verify {
-            let mut r = self.open_file(lease, manifest, true)?;
-            let mut buf = vec![0u8; IO_BUF];
-            let mut written = 0u64;
-            loop {
-                let n = match r.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(StoreError::from_io(e, "read", self.objects_dir())),
-                };
-                out.write_all(&buf[..n]).map_err(io_err("write", &tmp))?;
-                let before = written;
-                written += n as u64;
-                if before / WRITEBACK_PIECE != written / WRITEBACK_PIECE {
-                    let end = written / WRITEBACK_PIECE * WRITEBACK_PIECE;
-                    fsutil::start_writeback(&out, end - WRITEBACK_PIECE, WRITEBACK_PIECE);
-                }
-            }
+            let r = self.open_file(lease, manifest, true)?;
+            self.verified_copy(r, &out, &tmp)?;
             MaterializeMethod::Verified
         } else {
             self.copy_chunks(&m.chunks, &out, &tmp)?
@@ -137,6 +121,48 @@ impl Store {
             method,
             size: m.size,
             file_digest: m.file_digest,
+        })
+    }
+
+    /// Stream through the verified reader on this thread (read + hash) while a
+    /// scoped thread writes the temp, so hashing and writing overlap. A
+    /// verification error discards the temp (the caller never publishes it).
+    fn verified_copy(&self, mut r: crate::ChunkedReader<'_>, out: &File, tmp: &Path) -> Result<()> {
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
+            let (btx, brx) = std::sync::mpsc::sync_channel::<Vec<u8>>(6);
+            let writer = scope.spawn(move || -> Result<()> {
+                let mut w: &File = out;
+                let mut written = 0u64;
+                for buf in rx {
+                    w.write_all(&buf).map_err(io_err("write", tmp))?;
+                    let before = written;
+                    written += buf.len() as u64;
+                    if before / WRITEBACK_PIECE != written / WRITEBACK_PIECE {
+                        let end = written / WRITEBACK_PIECE * WRITEBACK_PIECE;
+                        fsutil::start_writeback(out, end - WRITEBACK_PIECE, WRITEBACK_PIECE);
+                    }
+                    let _ = btx.try_send(buf);
+                }
+                Ok(())
+            });
+            let read_res = loop {
+                let mut buf = brx.try_recv().unwrap_or_default();
+                buf.resize(IO_BUF, 0);
+                let n = match r.read(&mut buf) {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => break Err(StoreError::from_io(e, "read", self.objects_dir())),
+                };
+                buf.truncate(n);
+                if tx.send(buf).is_err() {
+                    break Ok(()); // the writer failed; its error is reported below
+                }
+            };
+            drop(tx);
+            let write_res = writer.join().expect("materialize writer panicked");
+            read_res.and(write_res)
         })
     }
 
