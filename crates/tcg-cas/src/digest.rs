@@ -69,3 +69,24 @@ impl Hasher {
         Digest(self.0.finalize().into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_parse_only_lowercase_64_hex_with_the_sha256_prefix_where_asked() {
+        let h = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(Digest::of(b"abc").to_hex(), h);
+        assert_eq!(Digest::from_hex(h), Some(Digest::of(b"abc")));
+        assert_eq!(
+            Digest::from_prefixed(&format!("sha256:{h}")),
+            Some(Digest::of(b"abc"))
+        );
+        assert_eq!(Digest::from_hex(&h.to_uppercase()), None);
+        assert_eq!(Digest::from_hex(&h[1..]), None);
+        assert_eq!(Digest::from_prefixed(h), None);
+        assert_eq!(Digest::from_prefixed(&format!("SHA256:{h}")), None);
+        assert_eq!(name_hash("abc"), h);
+    }
+}

@@ -199,3 +199,49 @@ fn loading_a_manifest_rehashes_it() {
     let e = store.load_manifest(&lease, &info.manifest).unwrap_err();
     assert_eq!(e.code(), "store.digest_mismatch");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Any valid manifest survives encode -> parse, and its bytes are canonical.
+    #[test]
+    fn manifest_encoding_round_trips(
+        full in 0u64..5,
+        last in 1u64..=MAX_CHUNK_BYTES,
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        let mut chunks = Vec::new();
+        for i in 0..full {
+            chunks.push(tcg_cas::Chunk { digest: Digest::of(&(seed + i).to_le_bytes()), len: MAX_CHUNK_BYTES });
+        }
+        chunks.push(tcg_cas::Chunk { digest: Digest::of(&seed.to_be_bytes()), len: last });
+        let file_digest = if chunks.len() == 1 { chunks[0].digest } else { Digest::of(b"whole") };
+        let size = chunks.iter().map(|c| c.len).sum();
+        let m = Manifest { file_digest, size, chunks };
+        let bytes = m.to_bytes();
+        let back = Manifest::parse(&bytes, &Digest::of(&bytes)).unwrap();
+        proptest::prop_assert_eq!(back, m);
+    }
+
+    /// Ingest of any byte string reads back identically, whatever the write sizes.
+    #[test]
+    fn ingest_then_read_returns_the_same_bytes(
+        len in 0usize..(3 * SMALL_CHUNK as usize + 10),
+        step in 1usize..20_000,
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = small_store(&dir.path().join("s"));
+        let lease = store.lease().unwrap();
+        let data = bytes(seed, len);
+        let mut w = store.chunked_writer(&lease);
+        for piece in data.chunks(step) {
+            w.write_all(piece).unwrap();
+        }
+        let info = w.finish().unwrap();
+        proptest::prop_assert_eq!(info.file_digest, Digest::of(&data));
+        let mut out = Vec::new();
+        store.open_file(&lease, &info.manifest, true).unwrap().read_to_end(&mut out).unwrap();
+        proptest::prop_assert_eq!(out, data);
+    }
+}
