@@ -225,18 +225,26 @@ fn check_or_init_format(root: &Path) -> Result<()> {
             return Ok(());
         }
         // No FORMAT: only an empty root (or one holding initialisers' temps) is initialised.
+        let mut foreign = None;
         for entry in fs::read_dir(root).map_err(io_err("read directory", root))? {
             let entry = entry.map_err(io_err("read directory", root))?;
             let name = entry.file_name();
             if !name.to_string_lossy().starts_with(".FORMAT.") {
-                return Err(StoreError::FormatUnsupported {
-                    path: root.to_owned(),
-                    found: format!(
-                        "non-empty directory without FORMAT (holds {:?})",
-                        name.to_string_lossy()
-                    ),
-                });
+                foreign = Some(name);
             }
+        }
+        if let Some(name) = foreign {
+            // A concurrent initialiser links FORMAT before creating anything else.
+            if fs::symlink_metadata(&fpath).is_ok() {
+                continue;
+            }
+            return Err(StoreError::FormatUnsupported {
+                path: root.to_owned(),
+                found: format!(
+                    "non-empty directory without FORMAT (holds {:?})",
+                    name.to_string_lossy()
+                ),
+            });
         }
         let tmp = root.join(format!(".FORMAT.{}", fsutil::random_hex32()));
         let write = || -> io::Result<()> {

@@ -302,3 +302,28 @@ fn error_codes_are_stable() {
     assert_eq!(enospc.raw_os_error(), Some(libc::ENOSPC));
     assert!(!enospc.is_bad_stored_bytes());
 }
+
+#[test]
+fn concurrent_first_opens_of_an_empty_root_all_succeed() {
+    for _ in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("s");
+        std::fs::create_dir(&root).unwrap();
+        let handles: Vec<_> = (0..6)
+            .map(|_| {
+                let root = root.clone();
+                std::thread::spawn(move || Store::open(&root).map(|_| ()))
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap().unwrap();
+        }
+        assert_eq!(
+            std::fs::read(root.join("FORMAT")).unwrap(),
+            b"torch-compiled-graphs-store 1\n"
+        );
+        assert!(dir_entries(&root)
+            .iter()
+            .all(|n| !n.starts_with(".FORMAT.")));
+    }
+}
