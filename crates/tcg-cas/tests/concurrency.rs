@@ -13,7 +13,7 @@ use tcg_cas::{CasOutcome, Digest, GcOptions, Store, Target};
 const ROOT_ENV: &str = "TCG_CAS_RACE_ROOT";
 const ID_ENV: &str = "TCG_CAS_RACE_ID";
 const WRITERS: u64 = 4;
-const ITERATIONS: u64 = 10;
+const ITERATIONS: u64 = 20;
 const SHARED: &str = "race/shared";
 
 fn shared_content(i: u64) -> Vec<u8> {
@@ -94,12 +94,16 @@ fn child_collector_runs_gc_until_stopped() {
     let root = PathBuf::from(root);
     let store = small_store(&root);
     let stop = root.join("../stop");
-    let mut passes = 0;
-    while !stop.exists() {
+    std::fs::write(root.join("../gc-ready"), b"").unwrap();
+    let mut passes = 0u64;
+    loop {
         store.gc(&GcOptions::default()).unwrap();
         passes += 1;
+        if stop.exists() {
+            break;
+        }
     }
-    println!("GC PASSES {passes}");
+    std::fs::write(root.join("../gc-passes"), passes.to_string()).unwrap();
 }
 
 fn spawn(test: &str, root: &std::path::Path, id: u64) -> Child {
@@ -116,9 +120,13 @@ fn concurrent_writers_and_gc_never_lose_a_referenced_or_pinned_object() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("s");
     let store = small_store(&root);
-    for round in 0..2 {
+    for round in 0..3 {
         let _ = std::fs::remove_file(dir.path().join("stop"));
+        let _ = std::fs::remove_file(dir.path().join("gc-ready"));
         let gc = spawn("child_collector_runs_gc_until_stopped", &root, 0);
+        while !dir.path().join("gc-ready").exists() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let writers: Vec<Child> = (0..WRITERS)
             .map(|w| spawn("child_writer_ingests_and_races_on_the_shared_ref", &root, w))
             .collect();
@@ -134,6 +142,12 @@ fn concurrent_writers_and_gc_never_lose_a_referenced_or_pinned_object() {
             gc.wait().unwrap().success(),
             "the collector failed in round {round}"
         );
+        let passes: u64 = std::fs::read_to_string(dir.path().join("gc-passes"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        eprintln!("round {round}: {passes} gc passes ran alongside the writers");
+        assert!(passes >= 1);
 
         assert_fsck_clean(&store);
         let got = read_ref(&store, SHARED).unwrap();
