@@ -287,6 +287,15 @@ impl Store {
             fsutil::fsync_dir(&self.dir("corrupt"))?;
         }
 
+        // Use stamps of refs that no longer exist (record_use is best effort
+        // and may race with a delete) are dropped.
+        let live_refs: HashSet<&str> = closures.iter().map(|c| c.1.as_str()).collect();
+        for (name, path, _) in read_dir_names(&self.dir("uses"))? {
+            if !live_refs.contains(name.as_str()) {
+                let _ = fs::remove_file(&path);
+            }
+        }
+
         for (_, path, ft) in read_dir_names(&self.dir("locks/mint"))? {
             if ft.is_file() && remove_if_unheld(&path)? {
                 report.mint_locks_removed += 1;

@@ -122,6 +122,10 @@ fn gc_with_max_bytes_evicts_least_recently_used_refs_under_the_prefix_first() {
     assert!(store.get_ref("elsewhere/x").unwrap().is_some());
     assert_eq!(store.stats().unwrap().object_bytes, 10_000);
     assert_fsck_clean(&store);
+    // Stamps of refs that no longer exist are dropped.
+    store.record_use("never/set").unwrap();
+    store.gc(&GcOptions::default()).unwrap();
+    assert!(dir_entries(&store.root().join("uses")).is_empty());
 }
 
 #[test]
