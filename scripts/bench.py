@@ -33,17 +33,28 @@ def timed(run: Callable[[], None]) -> float:
     return time.perf_counter() - t
 
 
+# Child processes run as installed code runs: with bytecode caches (a developer
+# shell may set PYTHONDONTWRITEBYTECODE, which makes every import recompile).
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def medians(cases: dict[str, Callable[[int], None]], repeat: int) -> dict[str, float]:
-    """Median wall time of each case, interleaving the cases round by round."""
+    """Median wall time of each case, interleaving the cases round by round, after one
+    untimed warm-up round (page cache, bytecode caches)."""
     samples: dict[str, list[float]] = {name: [] for name in cases}
+    for case in cases.values():
+        case(repeat)
     for i in range(repeat):
         for name, case in cases.items():
+            # Start every sample with no dirty pages, so that no case pays for
+            # another's writeback.
+            os.sync()
             samples[name].append(timed(lambda case=case, i=i: case(i)))
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def sh(*args: str | os.PathLike[str]) -> None:
-    subprocess.run([os.fspath(a) for a in args], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([os.fspath(a) for a in args], check=True, stdout=subprocess.DEVNULL, env=CHILD_ENV)
 
 
 def build_cli() -> None:
@@ -179,7 +190,7 @@ def bench_ttfi(repeat: int) -> dict[str, object]:
         warm_cache = work / "inductor-warm"
 
         def run(mode: str, cache: Path) -> float:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+            env = {**CHILD_ENV, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
             t = time.perf_counter()
             subprocess.run(
                 [sys.executable, "-c", child, mode, str(work), key], check=True, env=env, stdout=subprocess.DEVNULL
@@ -265,9 +276,9 @@ def bench_mint(repeat: int) -> dict[str, object]:
     child = MINT_CHILD.format(scripts=str(ROOT / "scripts"))
     for size in ("small", "default"):
         runs = []
-        for i in range(repeat):
+        for _i in range(repeat):
             with tempfile.TemporaryDirectory(prefix="tcg-mint-") as tmp:
-                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
+                env = {**CHILD_ENV, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor")}
                 out = subprocess.run(
                     [sys.executable, "-c", child, os.path.join(tmp, "demo"), size],
                     check=True,
