@@ -55,6 +55,7 @@ def __getattr__(name: str) -> object:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
+
 __all__ = [
     "COMPILED_GRAPH_FORMAT",
     "AdmissionError",
