@@ -15,30 +15,44 @@ from .engine import (
     StoreOutcome,
     StoreResult,
 )
-from .errors import (
-    AdmissionError,
-    ArtifactError,
-    CompileError,
-    DeclarationError,
-    IdentityError,
-    QuarantinedArtifact,
-    StorageError,
-)
-from .identity import (
-    COMPILED_GRAPH_FORMAT,
-    CompiledGraphKey,
-    GraphClassDeclaration,
-    is_compiled_graph_key,
-)
-from .store import LocalCAS
 
-# The declaration, runtime and toolchain modules are imported on first use
-# (PEP 562): the hit path (import, Engine.resolve) stays free of their imports.
+# Only the engine is imported eagerly: the hit path (import, Engine.resolve)
+# loads nothing else. Every other public name is imported on first use
+# (PEP 562); the declaration, runtime and toolchain modules import torch lazily.
 _LAZY = {
+    "AdmissionError": "errors",
+    "ArtifactError": "errors",
+    "CompileError": "errors",
+    "DeclarationError": "errors",
+    "IdentityError": "errors",
+    "QuarantinedArtifact": "errors",
+    "StorageError": "errors",
+    "COMPILED_GRAPH_FORMAT": "identity",
+    "CompiledGraphKey": "identity",
+    "GraphClassDeclaration": "identity",
+    "is_compiled_graph_key": "identity",
+    "LocalCAS": "store",
     "GraphClassSpec": "declaration",
     "RuntimeCompatibility": "runtime",
     "record_toolchain": "toolchain",
 }
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .declaration import GraphClassSpec
+    from .errors import (
+        AdmissionError,
+        ArtifactError,
+        CompileError,
+        DeclarationError,
+        IdentityError,
+        QuarantinedArtifact,
+        StorageError,
+    )
+    from .identity import COMPILED_GRAPH_FORMAT, CompiledGraphKey, GraphClassDeclaration, is_compiled_graph_key
+    from .runtime import RuntimeCompatibility
+    from .store import LocalCAS
+    from .toolchain import record_toolchain
 
 
 def __getattr__(name: str) -> object:

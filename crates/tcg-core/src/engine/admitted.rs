@@ -148,8 +148,14 @@ impl Engine {
         let mut targets = Vec::new();
         for member in MEMBERS {
             let name = admitted_ref(key, m, member);
-            match self.store.pin_ref(lease, &name) {
-                Ok(Some(t)) => targets.push((member, t)),
+            // Pin the member's manifest; its chunks are pinned by the verified
+            // reader. Should the ref vanish meanwhile (a GC dropping a stale
+            // copy), the read fails and the envelope serves instead.
+            match self.store.get_ref(&name) {
+                Ok(Some(t)) => {
+                    lease.pin(&[t.digest]).map_err(store_err)?;
+                    targets.push((member, t));
+                }
                 Ok(None) if member == LITERALS_MEMBER => {}
                 Ok(None) => return Ok(None),
                 Err(_) => {

@@ -109,7 +109,7 @@ impl Engine {
     }
 
     /// Pin the record of `key`: `None` when absent; quarantined records raise.
-    fn select(&self, lease: &Lease, key: &str) -> Result<Option<Result<Target, Verdict>>> {
+    fn select(&self, lease: &Lease, key: &str) -> Result<Option<Target>> {
         let name = graph_ref(key);
         loop {
             let Some(target) = self.store.get_ref(&name).map_err(store_err)? else {
@@ -122,10 +122,11 @@ impl Engine {
                     "its record is quarantined",
                 ));
             }
-            match self.store.pin_ref(lease, &name) {
-                Ok(Some(t)) if t == target => return Ok(Some(Ok(t))),
-                Ok(_) => continue,
-                Err(e) => return Ok(Some(Err(classify_store(e)))),
+            // Pin the envelope's manifest only: its chunks are pinned when (and
+            // if) the envelope is read; the admitted copy usually serves instead.
+            lease.pin(&[target.digest]).map_err(store_err)?;
+            if self.store.get_ref(&name).map_err(store_err)? == Some(target) {
+                return Ok(Some(target));
             }
         }
     }
@@ -155,18 +156,8 @@ impl Engine {
         request: Option<&Request>,
     ) -> Result<Option<Resolved>> {
         let lease = self.store.lease().map_err(store_err)?;
-        let target = match self.select(&lease, key)? {
-            None => return Ok(None),
-            Some(Ok(t)) => t,
-            Some(Err(Verdict::Unreadable)) => return Ok(None),
-            Some(Err(Verdict::Other(e))) => return Err(e),
-            Some(Err(Verdict::Bad(code, why))) => {
-                let t = self.store.get_ref(&graph_ref(key)).map_err(store_err)?;
-                if let Some(t) = t {
-                    self.quarantine(&lease, key, &t.digest, code)?;
-                }
-                return Err(quarantined(code, key, why));
-            }
+        let Some(target) = self.select(&lease, key)? else {
+            return Ok(None);
         };
         let manifest = target.digest;
         let host = host_facts();
