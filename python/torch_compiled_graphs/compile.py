@@ -100,20 +100,12 @@ def _program(value: object) -> ExportedProgram:
 
 def _compile_inputs(program: ExportedProgram) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(args, kwargs)`` rebuilt from the user-input placeholders' ``meta["val"]`` and the in-spec."""
-    from torch.export.graph_signature import InputKind
     from torch.utils._pytree import tree_unflatten
 
-    placeholders = [n for n in program.graph_module.graph.nodes if n.op == "placeholder"]
-    specs = program.graph_signature.input_specs
-    if len(placeholders) != len(specs):
-        raise CompileError(
-            f"program signature lists {len(specs)} inputs but the graph has {len(placeholders)}",
-            "compile.program_invalid",
-        )
+    from .declaration import user_input_nodes
+
     values = []
-    for node, spec in zip(placeholders, specs, strict=True):
-        if spec.kind != InputKind.USER_INPUT:
-            continue
+    for node in user_input_nodes(program, CompileError, "compile.program_invalid"):
         if "val" not in node.meta:
             raise CompileError(
                 f"user input placeholder {node.name!r} has no recorded value (meta['val'])",

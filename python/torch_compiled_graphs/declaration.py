@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _native
-from .errors import DeclarationError
+from .errors import CompiledGraphError, DeclarationError
 from .identity import GraphClassDeclaration
 
 if TYPE_CHECKING:
@@ -319,15 +319,21 @@ def placement(program: object) -> list[str]:
 # --------------------------------------------------------------------------- derived interface (§3.9)
 
 
-def _user_input_nodes(program: ExportedProgram) -> list[Any]:
+def user_input_nodes(program: ExportedProgram, error: type[CompiledGraphError], code: str) -> list[Any]:
+    """The placeholders of the program's user inputs, in order.
+
+    A graph whose placeholders do not pair with its signature's input specs is
+    refused with ``error(…, code)``: the declaration and the compiler each name
+    their own code for it.
+    """
     from torch.export.graph_signature import InputKind
 
     placeholders = [n for n in program.graph_module.graph.nodes if n.op == "placeholder"]
     specs = program.graph_signature.input_specs
     if len(placeholders) != len(specs):
-        raise DeclarationError(
+        raise error(
             f"program signature lists {len(specs)} inputs but the graph has {len(placeholders)} placeholders",
-            "declaration.program_invalid",
+            code,
         )
     return [node for node, spec in zip(placeholders, specs, strict=True) if spec.kind == InputKind.USER_INPUT]
 
@@ -373,7 +379,7 @@ def call_ingress(program: object) -> dict[str, Any]:
     in_spec, _, arg_names = _call_signature(program)
     table = _Symbols()
     _node_lines(program, table)  # fills the table with the witness's numbering
-    user_nodes = _user_input_nodes(program)
+    user_nodes = user_input_nodes(program, DeclarationError, "declaration.program_invalid")
     leaves = in_spec.num_leaves
     # Rebuild the structure with positions as leaves to learn each leaf's path.
     tree = torch.utils._pytree.tree_unflatten(list(range(leaves)), in_spec)

@@ -321,7 +321,11 @@ impl<R: Read> TarStream<R> {
 /// return its bytes without validating them (bounded by
 /// `MAX_METADATA_BYTES`; for inspection and the unreadable-format rule).
 pub fn read_metadata_member<R: Read>(input: R) -> Result<Vec<u8>> {
-    let mut t = TarStream::new(input)?;
+    metadata_bytes(&mut TarStream::new(input)?)
+}
+
+/// The first member's header (checked completely) and its bytes.
+fn metadata_bytes<R: Read>(t: &mut TarStream<R>) -> Result<Vec<u8>> {
     let size = t.header(METADATA_MEMBER, true)?.expect("required");
     check_sizes(&[(METADATA_MEMBER, size)])?;
     let mut bytes = Vec::with_capacity(size as usize);
@@ -378,14 +382,8 @@ pub fn read_envelope<R: Read>(
     admission: &mut dyn FnMut(&Metadata) -> Result<()>,
 ) -> Result<EnvelopeReport> {
     let mut t = TarStream::new(input)?;
-    // metadata.json
-    let size = t.header(METADATA_MEMBER, true)?.expect("required");
-    check_sizes(&[(METADATA_MEMBER, size)])?;
-    let mut bytes = Vec::with_capacity(size as usize);
-    t.data(METADATA_MEMBER, size, &mut |b| {
-        bytes.extend_from_slice(b);
-        Ok(())
-    })?;
+    let bytes = metadata_bytes(&mut t)?;
+    let size = bytes.len() as u64;
     let metadata = validate_metadata(&bytes, None)?;
     let mut f = create_member(stage, METADATA_MEMBER)?;
     write_member(&mut f, stage, METADATA_MEMBER, &bytes)?;

@@ -11,7 +11,7 @@ use crate::{Code, Error, Result};
 
 const COMPARE_CHUNK: usize = 1 << 20;
 
-fn occupied(dest: &Path, why: &str) -> Error {
+pub(crate) fn occupied(dest: &Path, why: &str) -> Error {
     Error::io_code(
         Code::IoDestinationOccupied,
         Some(libc::EEXIST),

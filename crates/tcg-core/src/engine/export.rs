@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 
+use super::destination::occupied;
 use super::publish::bad_read;
 use super::resolve::{classify_store, Evidence, Verdict};
 use super::{check_key, graph_ref, store_err, Engine};
@@ -20,17 +21,6 @@ fn failed(key: &str, why: impl std::fmt::Display) -> Error {
     Error::new(
         Code::QuarantineExportVerification,
         format!("compiled graph {key} failed export verification: {why}"),
-    )
-}
-
-fn occupied(dest: &Path, why: &str) -> Error {
-    Error::io_code(
-        Code::IoDestinationOccupied,
-        Some(libc::EEXIST),
-        format!(
-            "destination {} is not the selected compiled-graph artifact: {why}",
-            dest.display()
-        ),
     )
 }
 
