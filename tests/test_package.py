@@ -142,3 +142,13 @@ def test_the_torch_facing_names_load_lazily_without_importing_torch() -> None:
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_console_script_runs_the_native_cli() -> None:
+    script = Path(sys.executable).parent / "torch-compiled-graphs"
+    assert script.is_file(), "the package installs the torch-compiled-graphs console script"
+    out = subprocess.run([str(script), "check-key", "cg-key-v1-" + "0" * 56], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == "valid\n"
+    help_text = subprocess.run([str(script), "--help"], capture_output=True, text=True).stdout
+    for command in ("inspect", "verify", "resolve", "import", "export", "ls", "gc", "fsck", "stats"):
+        assert command in help_text
