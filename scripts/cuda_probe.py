@@ -9,7 +9,6 @@ report the package's cubin ELF headers. Writes a JSON report to argv[1].
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -46,8 +45,16 @@ def cubin_headers(package: Path) -> list[dict[str, object]]:
             if data[:4] == b"\x7fELF":
                 e_machine = int.from_bytes(data[0x12:0x14], "little")
                 e_flags = int.from_bytes(data[0x30:0x34], "little")
-                out.append({"name": name, "size": len(data), "e_machine": e_machine, "e_flags": hex(e_flags),
-                            "ei_osabi": data[7], "ei_abiversion": data[8]})
+                out.append(
+                    {
+                        "name": name,
+                        "size": len(data),
+                        "e_machine": e_machine,
+                        "e_flags": hex(e_flags),
+                        "ei_osabi": data[7],
+                        "ei_abiversion": data[8],
+                    }
+                )
             elif name.endswith((".cubin", ".fatbin", ".ptx")):
                 out.append({"name": name, "size": len(data), "head": data[:16].hex()})
     return out
@@ -63,8 +70,13 @@ def main() -> None:
 
         cap = torch.cuda.get_device_capability()
         sm = f"sm_{cap[0]}{cap[1]}"
-        report.update(torch=torch.__version__, cuda=torch.version.cuda, device=torch.cuda.get_device_name(), sm=sm,
-                      python=sys.version.split()[0])
+        report.update(
+            torch=torch.__version__,
+            cuda=torch.version.cuda,
+            device=torch.cuda.get_device_name(),
+            sm=sm,
+            python=sys.version.split()[0],
+        )
 
         class Net(torch.nn.Module):
             def __init__(self) -> None:
@@ -102,11 +114,24 @@ def main() -> None:
         with torch.no_grad():
             torch.save(net(x2.cuda()).cpu(), work / "y.pt")
         child = subprocess.run(
-            [sys.executable, "-c", REUSE, str(work / "store"), str(key), str(work / "g2"), str(work / "w.pt"),
-             str(work / "x.pt"), str(work / "y.pt")],
-            capture_output=True, text=True,
+            [
+                sys.executable,
+                "-c",
+                REUSE,
+                str(work / "store"),
+                str(key),
+                str(work / "g2"),
+                str(work / "w.pt"),
+                str(work / "x.pt"),
+                str(work / "y.pt"),
+            ],
+            capture_output=True,
+            text=True,
         )
-        report["reuse"] = json.loads(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else child.stderr[-3000:]
+        if child.returncode == 0:
+            report["reuse"] = json.loads(child.stdout.strip().splitlines()[-1])
+        else:
+            report["reuse"] = child.stderr[-3000:]
         try:
             RuntimeCompatibility("sm_80", toolchain=toolchain)
         except Exception as exc:  # expected: device mismatch
