@@ -413,3 +413,51 @@ fn the_admitted_copy_serves_resolves_and_a_corrupt_copy_falls_back_to_the_envelo
         2
     );
 }
+
+#[test]
+fn gc_under_a_budget_drops_admitted_copies_then_evicts_the_least_recently_resolved_key() {
+    use tcg_core::engine::ADMITTED_REF_PREFIX;
+    let d = tempfile::tempdir().unwrap();
+    let e = engine(d.path());
+    let (older, older_env) = other_key_envelope(d.path(), "torch-a");
+    let (newer, newer_env) = other_key_envelope(d.path(), "torch-b");
+    assert_ne!(older, newer);
+    e.import_artifact(&older, &older_env).unwrap();
+    e.import_artifact(&newer, &newer_env).unwrap();
+    e.resolve(&older, &d.path().join("o1")).unwrap().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    e.resolve(&newer, &d.path().join("n1")).unwrap().unwrap();
+    // Nothing to evict without a budget; both keys keep their admitted copies.
+    let report = e.gc(None).unwrap();
+    assert_eq!(
+        report.as_object().unwrap()["evicted_keys"],
+        Value::Array(vec![])
+    );
+    assert_eq!(
+        e.store()
+            .list_refs(ADMITTED_REF_PREFIX)
+            .unwrap()
+            .entries
+            .len(),
+        4
+    );
+    // A budget that fits one envelope: the admitted copies go first, then the
+    // least recently resolved key.
+    let one = std::fs::metadata(&newer_env).unwrap().len() + 4096;
+    let report = e.gc(Some(one)).unwrap();
+    let evicted = report.as_object().unwrap()["evicted_keys"].clone();
+    assert_eq!(evicted, Value::Array(vec![Value::from(older.as_str())]));
+    assert!(e
+        .store()
+        .list_refs(ADMITTED_REF_PREFIX)
+        .unwrap()
+        .entries
+        .is_empty());
+    assert!(e.resolve(&older, &d.path().join("o2")).unwrap().is_none());
+    let kept = e.resolve(&newer, &d.path().join("n2")).unwrap().unwrap();
+    assert_eq!(kept.metadata.key(), newer);
+    assert!(
+        std::fs::read(d.path().join("n2/model.pt2")).unwrap()
+            == std::fs::read(members(d.path()).join("model.pt2")).unwrap()
+    );
+}

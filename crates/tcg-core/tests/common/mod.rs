@@ -176,3 +176,34 @@ pub fn leftovers(dest: &Path) -> Vec<PathBuf> {
         })
         .collect()
 }
+
+/// A second valid artifact of the reference package under another key: the
+/// same facts recorded with another toolchain block.
+pub fn other_key_envelope(dir: &Path, torch: &str) -> (String, PathBuf) {
+    let md = read_metadata(&reference()).unwrap();
+    let m = members(dir);
+    let rows = parse_constant_table(&m.join("model.pt2")).unwrap();
+    let decl = GraphClassDeclaration::from_graph_class_value(
+        md.value()["graph_class"].as_object().unwrap(),
+    )
+    .unwrap();
+    let mut toolchain = md.value()["toolchain"].as_object().unwrap().clone();
+    toolchain.insert("torch".into(), torch.into());
+    let other = build_metadata(
+        &decl,
+        &rows,
+        md.sm(),
+        &Value::Object(toolchain),
+        md.host_isa(),
+    )
+    .unwrap();
+    let out = dir.join(format!("other-{torch}.tar.gz"));
+    tcg_core::artifact::pack(
+        &m.join("model.pt2"),
+        &Value::Object(other.value().clone()),
+        None,
+        &out,
+    )
+    .unwrap();
+    (other.key().to_string(), out)
+}
