@@ -132,6 +132,10 @@ codes! {
     ArtifactNotCodeOnly => Artifact, "artifact.not_code_only";
     ArtifactElfInvalid => Artifact, "artifact.elf_invalid";
     ArtifactElfMachineMismatch => Artifact, "artifact.elf_machine_mismatch";
+    /// A `.cubin` member of the package is not a well-formed CUDA ELF.
+    ArtifactCubinInvalid => Artifact, "artifact.cubin_invalid";
+    /// A `.cubin` member is built for another architecture than the artifact's `sm`.
+    ArtifactCubinArchMismatch => Artifact, "artifact.cubin_arch_mismatch";
     ArtifactLiteralPayload => Artifact, "artifact.literal_payload";
     ArtifactLiteralDigestMismatch => Artifact, "artifact.literal_digest_mismatch";
 

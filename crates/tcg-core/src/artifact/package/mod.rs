@@ -5,6 +5,7 @@
 //! Failures from the zip, the wrapper or the ELF parser carry the prefix
 //! "cannot verify AOTInductor package: ".
 
+pub mod cubin;
 pub mod elf;
 pub mod wrapper;
 
@@ -282,6 +283,11 @@ impl Package {
             entry: entry.clone(),
             wrapper: pick(".wrapper.cpp")?,
             shared_object: pick(".so")?,
+            cubins: members
+                .iter()
+                .filter(|(f, _)| f.ends_with(".cubin"))
+                .map(|(_, n)| n.clone())
+                .collect(),
         })
     }
 }
@@ -295,6 +301,8 @@ pub struct EntryMembers {
     pub wrapper: String,
     /// The `*.so` member name.
     pub shared_object: String,
+    /// The `*.cubin` member names (CUDA device code), in name order.
+    pub cubins: Vec<String>,
 }
 
 /// What package verification found.
@@ -330,16 +338,19 @@ pub fn verify_package(path: &Path, metadata: &Metadata) -> Result<PackageReport>
         metadata.name(),
         metadata.constants(),
         &metadata.host_isa().machine,
+        metadata.sm(),
     )
 }
 
 /// Verify a package against the facts it must restate: the entry `name`,
-/// the metadata constant rows and the recorded machine (§8.2–§8.7).
+/// the metadata constant rows, the recorded machine (§8.2–§8.7) and the `sm`
+/// every cubin must be built for.
 pub fn verify_package_facts(
     path: &Path,
     name: &str,
     constants: &[ConstantRow],
     machine: &str,
+    sm: &str,
 ) -> Result<PackageReport> {
     let mut pkg = Package::open(path)?;
     let members = pkg.entry_members(Some(name))?;
@@ -415,6 +426,10 @@ pub fn verify_package_facts(
                 table.constants.len()
             ),
         ));
+    }
+    for member in &members.cubins {
+        let bytes = pkg.read(member)?;
+        cubin::check_cubin(member, &bytes, sm)?;
     }
     Ok(PackageReport {
         members,
