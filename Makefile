@@ -10,7 +10,8 @@ export UV_LINK_MODE ?= copy
 
 .PHONY: test demo bench develop deps rust-checks python-checks clean
 
-# Everything CI checks: formatting, lints, Rust tests, Python lints, types and tests.
+# Everything CI checks: formatting, lints, Rust tests, Python lints, types
+# (mypy, and stubtest of the hand-written _native.pyi) and tests.
 test: develop rust-checks python-checks
 
 # Mint a real model, then resolve, load and run it from a fresh process.
@@ -49,6 +50,7 @@ python-checks:
 	$(VENV)/bin/ruff check python tests scripts
 	$(VENV)/bin/ruff format --check python tests scripts
 	$(VENV)/bin/mypy
+	$(VPY) -m mypy.stubtest torch_compiled_graphs._native
 	$(VPY) -m pytest
 
 clean:

@@ -1,6 +1,47 @@
 """Type stubs of the native extension ``torch_compiled_graphs._native``."""
 
-from typing import Any
+from typing import Any, final
+
+__all__ = [
+    "ARTIFACT_KIND",
+    "CALL_INGRESS_VERSION",
+    "COMPILED_GRAPH_FORMAT",
+    "ENVELOPE_FILE_NAME",
+    "GRAPH_FACTS_VERSION",
+    "GRAPH_REF_PREFIX",
+    "KEY_AXES",
+    "KEY_DIGEST_HEX",
+    "KEY_SCHEME",
+    "LITERALS_MEMBER",
+    "MAX_CHUNK_BYTES",
+    "MAX_KEY_LENGTH",
+    "METADATA_MEMBER",
+    "PACKAGE_MEMBER",
+    "QUARANTINE_REF_PREFIX",
+    "TOOLCHAIN_EXCLUDED",
+    "NativeEngine",
+    "NativeStore",
+    "artifact_inspect",
+    "artifact_pack",
+    "artifact_read_metadata",
+    "artifact_unpack",
+    "artifact_verify",
+    "canonical_json",
+    "cli_main",
+    "cpu_sm",
+    "declare",
+    "derive_key",
+    "error_codes",
+    "graph_witness",
+    "host_facts",
+    "host_requirement",
+    "ingress_digest",
+    "is_compiled_graph_key",
+    "key_from_metadata",
+    "literal_digest",
+    "package_constant_table",
+    "toolchain_axis",
+]
 
 COMPILED_GRAPH_FORMAT: int
 ARTIFACT_KIND: str
@@ -39,8 +80,9 @@ def host_facts() -> tuple[str, list[str]]: ...
 def host_requirement() -> dict[str, str]: ...
 def cpu_sm() -> str: ...
 
+@final
 class NativeEngine:
-    def __init__(self, root: str, lock_timeout: float | None = None) -> None: ...
+    def __new__(cls, root: str, lock_timeout: float | None = None) -> NativeEngine: ...
     @property
     def root(self) -> str: ...
     def resolve(self, key: object, destination: str) -> dict[str, Any] | None: ...
@@ -58,11 +100,12 @@ GRAPH_REF_PREFIX: str
 QUARANTINE_REF_PREFIX: str
 MAX_CHUNK_BYTES: int
 
+@final
 class NativeStore:
-    def __init__(self, root: str) -> None: ...
+    def __new__(cls, root: str) -> NativeStore: ...
     @property
     def root(self) -> str: ...
-    def ingest_file(self, path: str, ref: str | None = None) -> dict[str, Any]: ...
+    def ingest_file(self, path: str, ref: str | None = ...) -> dict[str, Any]: ...
     def read_ref(self, name: str) -> dict[str, str] | None: ...
     def compare_and_swap(self, name: str, expected: str | None, desired: str | None) -> str: ...
     def materialize(self, manifest: str, dest: str) -> None: ...
