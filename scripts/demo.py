@@ -76,10 +76,16 @@ def mint(store: Path, size: str) -> dict[str, object]:
     save_file(dict(model.state_dict()), store / f"demo-{size}.weights.safetensors")
     t1 = time.perf_counter()
     result = Engine(store / "store").ensure(
-        key, store / "graphs" / key, target="cpu", toolchain=toolchain, recipe=lambda: spec
+        key, store / "graphs" / f"{key}-{os.getpid()}", target="cpu", toolchain=toolchain, recipe=lambda: spec
     )
     t2 = time.perf_counter()
-    return {"key": str(key), "outcome": result.outcome.value, "ensure_s": t2 - t1, "prepare_s": t1 - t0}
+    return {
+        "key": str(key),
+        "outcome": result.outcome.value,
+        "publication": None if result.publication is None else result.publication.outcome.value,
+        "ensure_s": t2 - t1,
+        "prepare_s": t1 - t0,
+    }
 
 
 def reuse(store: Path, size: str, key: str) -> dict[str, object]:

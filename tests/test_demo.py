@@ -39,3 +39,35 @@ def test_mint_once_then_reuse_from_fresh_processes_without_compiling(
     rows = engine.list()
     assert [r["key"] for r in rows] == [mint["key"]]
     assert rows[0]["sm"].startswith("cpu-")
+
+
+@pytest.mark.real_aoti
+def test_a_corrupted_store_is_quarantined_and_the_next_ensure_repairs_it_by_a_mint(
+    demo_minted: tuple[Path, dict[str, Any]],
+) -> None:
+    from torch_compiled_graphs import QuarantinedArtifact
+
+    workdir, first = demo_minted
+    key = first["mint"]["key"]
+    engine = Engine(workdir / "store")
+    flipped = 0
+    for obj in (workdir / "store" / "objects").rglob("*"):
+        if obj.is_file() and obj.stat().st_size > 4096:
+            obj.chmod(0o644)
+            data = bytearray(obj.read_bytes())
+            data[len(data) // 2] ^= 0x10
+            obj.write_bytes(bytes(data))
+            flipped += 1
+    assert flipped >= 2  # the envelope and the admitted package
+    with pytest.raises(QuarantinedArtifact) as e:
+        engine.resolve(key, workdir / "after-corruption")
+    assert e.value.code == "quarantine.store_verification"
+    assert not (workdir / "after-corruption").exists()
+
+    repaired = run_demo(workdir)
+    assert repaired["ok"] is True
+    assert repaired["mint"]["outcome"] == "MINTED"
+    assert repaired["mint"]["publication"] == "REPAIRED"
+    stats = engine.stats()
+    assert stats["mints"] == 2 and stats["quarantines"] >= 1
+    assert engine.resolve(key, workdir / "after-repair") is not None
