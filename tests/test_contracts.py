@@ -169,3 +169,22 @@ def test_key_from_metadata_restates_the_reference_fixture() -> None:
     key = CompiledGraphKey.from_metadata(metadata)
     assert key == metadata["compiled_graph_key"]
     assert key.sm == "cpu-avx512"
+
+
+def test_split_key_takes_the_suffix_and_refuses_non_keys() -> None:
+    from torch_compiled_graphs import IdentityError
+    from torch_compiled_graphs.identity import split_key
+
+    scheme, digest = split_key(
+        "cg-key-v1-7692c3ad3540bb803c02-7692c3ad3540bb803c020b3aee66cd8887123234ea0c6e7143c0add7"
+    )
+    assert scheme == "cg-key-v1-7692c3ad3540bb803c02"
+    assert digest == "7692c3ad3540bb803c020b3aee66cd8887123234ea0c6e7143c0add7"
+    for bad in [*vectors_invalid(), None, 7]:
+        with pytest.raises(IdentityError) as e:
+            split_key(bad)
+        assert e.value.code == "identity.key_invalid"
+
+
+def vectors_invalid() -> list[object]:
+    return [v["key"] for v in load_contract("compiled_graph_key_vectors.json")["vectors"] if not v["valid"]]

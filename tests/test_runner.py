@@ -138,3 +138,21 @@ def test_loading_does_not_import_the_inductor_stack(graph: StoredCompiledGraph) 
 
 def test_the_store_path_of_a_resolved_graph(graph: StoredCompiledGraph) -> None:
     assert isinstance(graph.path, Path) and (graph.path / "model.pt2").is_file()
+
+
+def test_a_package_that_disagrees_with_its_metadata_is_refused(
+    graph: StoredCompiledGraph, weights: dict[str, Any]
+) -> None:
+    import copy
+
+    metadata = copy.deepcopy(graph.metadata)
+    metadata["graph_class"]["constants"] = metadata["graph_class"]["constants"][1:]
+    tampered = StoredCompiledGraph(graph.key, graph.path, metadata, graph.manifest)
+    with pytest.raises(BindingError) as e:
+        tampered.load(weights)
+    assert e.value.code == "run.package_invalid"
+    renamed = copy.deepcopy(graph.metadata)
+    renamed["graph_class"]["name"] = "model/other-entry"
+    with pytest.raises(BindingError) as e:
+        StoredCompiledGraph(graph.key, graph.path, renamed, graph.manifest).load(weights)
+    assert e.value.code == "run.package_invalid"

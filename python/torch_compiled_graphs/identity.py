@@ -24,6 +24,7 @@ __all__ = [
     "ingress_digest",
     "is_compiled_graph_key",
     "literal_digest",
+    "split_key",
     "toolchain_axis_digest",
 ]
 
@@ -35,6 +36,14 @@ KEY_AXES: tuple[str, ...] = tuple(_native.KEY_AXES)
 def is_compiled_graph_key(value: object) -> bool:
     """Whether ``value`` is a ``str`` in the compiled-graph key grammar (SPEC-v1 §3.1)."""
     return _native.is_compiled_graph_key(value)
+
+
+def split_key(key: object) -> tuple[str, str]:
+    """``(scheme, digest)`` of a key, split at its anchored 56-hex suffix.
+
+    Anything that is not a key raises ``IdentityError`` (``identity.key_invalid``).
+    """
+    return _native.split_key(key)
 
 
 def canonical_json(value: object) -> bytes:

@@ -461,3 +461,30 @@ fn gc_under_a_budget_drops_admitted_copies_then_evicts_the_least_recently_resolv
             == std::fs::read(members(d.path()).join("model.pt2")).unwrap()
     );
 }
+
+#[test]
+fn a_record_whose_bytes_state_another_key_is_quarantined() {
+    let d = tempfile::tempdir().unwrap();
+    let e = engine(d.path());
+    // The reference envelope planted under another key's graph ref.
+    let other = "cg-key-v1-0000000000000000000000000000000000000000000000000000beef";
+    let lease = e.store().lease().unwrap();
+    let info = e.store().ingest_file(&lease, &reference()).unwrap();
+    e.store()
+        .compare_and_swap(
+            &graph_ref(other),
+            None,
+            Some(&Target::manifest(info.manifest)),
+        )
+        .unwrap();
+    lease.end().unwrap();
+    let out = d.path().join("out");
+    let err = e.resolve(other, &out).unwrap_err();
+    assert_eq!(err.kind(), Kind::Quarantined);
+    assert_eq!(err.code(), Code::QuarantineKeyMismatch);
+    assert!(!out.exists() && leftovers(&out).is_empty());
+    assert_eq!(
+        e.resolve(other, &out).unwrap_err().code(),
+        Code::QuarantinePresent
+    );
+}

@@ -22,6 +22,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CALL_INGRESS_VERSION", id::CALL_INGRESS_VERSION)?;
     m.add_function(wrap_pyfunction!(is_compiled_graph_key, m)?)?;
     m.add_function(wrap_pyfunction!(derive_key, m)?)?;
+    m.add_function(wrap_pyfunction!(split_key, m)?)?;
     m.add_function(wrap_pyfunction!(key_from_metadata, m)?)?;
     m.add_function(wrap_pyfunction!(toolchain_axis, m)?)?;
     m.add_function(wrap_pyfunction!(literal_digest, m)?)?;
@@ -52,6 +53,20 @@ fn is_compiled_graph_key(value: &Bound<'_, PyAny>) -> bool {
         .ok()
         .and_then(|s| s.to_str().ok().map(id::is_compiled_graph_key))
         .unwrap_or(false)
+}
+
+/// `(scheme, digest)` of a compiled-graph key; anything else is
+/// `identity.key_invalid`.
+#[pyfunction]
+fn split_key(value: &Bound<'_, PyAny>) -> PyResult<(String, String)> {
+    let text = value.cast::<PyString>().ok().and_then(|s| s.to_str().ok().map(str::to_owned));
+    match text.as_deref().and_then(id::split_key) {
+        Some((scheme, digest)) => Ok((scheme.to_owned(), digest.to_owned())),
+        None => Err(crate::errors::to_py(Error::new(
+            Code::IdentityKeyInvalid,
+            format!("not a compiled-graph key: {}", value.repr().map(|r| r.to_string()).unwrap_or_default()),
+        ))),
+    }
 }
 
 /// `cg-key-v1` of an axes mapping `{"graph", "sm", "toolchain"}`.
