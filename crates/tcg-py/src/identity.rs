@@ -59,12 +59,18 @@ fn is_compiled_graph_key(value: &Bound<'_, PyAny>) -> bool {
 /// `identity.key_invalid`.
 #[pyfunction]
 fn split_key(value: &Bound<'_, PyAny>) -> PyResult<(String, String)> {
-    let text = value.cast::<PyString>().ok().and_then(|s| s.to_str().ok().map(str::to_owned));
+    let text = value
+        .cast::<PyString>()
+        .ok()
+        .and_then(|s| s.to_str().ok().map(str::to_owned));
     match text.as_deref().and_then(id::split_key) {
         Some((scheme, digest)) => Ok((scheme.to_owned(), digest.to_owned())),
         None => Err(crate::errors::to_py(Error::new(
             Code::IdentityKeyInvalid,
-            format!("not a compiled-graph key: {}", value.repr().map(|r| r.to_string()).unwrap_or_default()),
+            format!(
+                "not a compiled-graph key: {}",
+                value.repr().map(|r| r.to_string()).unwrap_or_default()
+            ),
         ))),
     }
 }
