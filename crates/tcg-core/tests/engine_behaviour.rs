@@ -240,23 +240,14 @@ fn an_inadmissible_artifact_is_refused_before_any_ref_or_destination_and_never_q
     assert!(e.store().get_ref(&graph_ref(&key)).unwrap().is_none());
     // Planted directly in the store (as another host would), resolve refuses it
     // with AdmissionError, publishes nothing and quarantines nothing.
-    let lease = e.store().lease().unwrap();
-    let info = e.store().ingest_file(&lease, &foreign).unwrap();
-    e.store()
-        .compare_and_swap(
-            &graph_ref(&key),
-            None,
-            Some(&Target::manifest(info.manifest)),
-        )
-        .unwrap();
-    lease.end().unwrap();
+    let manifest = plant(&e, &key, &foreign);
     let out = d.path().join("out");
     let err = e.resolve(&key, &out).unwrap_err();
     assert_eq!(err.code(), Code::AdmissionHostMachine);
     assert!(!out.exists() && leftovers(&out).is_empty());
     assert!(e
         .store()
-        .get_ref(&tcg_core::engine::quarantine_ref(&key, &info.manifest))
+        .get_ref(&tcg_core::engine::quarantine_ref(&key, &manifest))
         .unwrap()
         .is_none());
     assert!(e.store().list_refs(GRAPH_REF_PREFIX).unwrap().entries.len() == 1);
@@ -468,16 +459,7 @@ fn a_record_whose_bytes_state_another_key_is_quarantined() {
     let e = engine(d.path());
     // The reference envelope planted under another key's graph ref.
     let other = "cg-key-v1-0000000000000000000000000000000000000000000000000000beef";
-    let lease = e.store().lease().unwrap();
-    let info = e.store().ingest_file(&lease, &reference()).unwrap();
-    e.store()
-        .compare_and_swap(
-            &graph_ref(other),
-            None,
-            Some(&Target::manifest(info.manifest)),
-        )
-        .unwrap();
-    lease.end().unwrap();
+    plant(&e, other, &reference());
     let out = d.path().join("out");
     let err = e.resolve(other, &out).unwrap_err();
     assert_eq!(err.kind(), Kind::Quarantined);

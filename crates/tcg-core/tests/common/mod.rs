@@ -5,10 +5,13 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+use tcg_cas::Target;
 use tcg_cj::Value;
 use tcg_core::artifact::envelope::envelope_bytes;
-use tcg_core::artifact::{build_metadata, parse_constant_table, read_metadata};
-use tcg_core::engine::MintOutput;
+use tcg_core::artifact::{
+    build_metadata, parse_constant_table, read_metadata, ConstantRow, Metadata,
+};
+use tcg_core::engine::{graph_ref, Engine, MintOutput};
 use tcg_core::host_isa::HostIsa;
 use tcg_core::identity::GraphClassDeclaration;
 use tcg_core::Code;
@@ -35,19 +38,40 @@ pub fn members(dir: &Path) -> PathBuf {
     out
 }
 
+/// The reference artifact taken apart: its metadata, its package on disk,
+/// the package's constant table and the recorded declaration.
+pub struct Reference {
+    pub metadata: Metadata,
+    pub package: PathBuf,
+    pub rows: Vec<ConstantRow>,
+    pub declaration: GraphClassDeclaration,
+}
+
+pub fn reference_parts(dir: &Path) -> Reference {
+    let metadata = read_metadata(&reference()).unwrap();
+    let package = members(dir).join("model.pt2");
+    let rows = parse_constant_table(&package).unwrap();
+    let declaration = GraphClassDeclaration::from_graph_class_value(
+        metadata.value()["graph_class"].as_object().unwrap(),
+    )
+    .unwrap();
+    Reference {
+        metadata,
+        package,
+        rows,
+        declaration,
+    }
+}
+
 /// What a mint of the reference graph returns: its package and recorded facts.
 pub fn reference_mint(dir: &Path) -> MintOutput {
-    let md = read_metadata(&reference()).unwrap();
-    let m = members(dir);
+    let r = reference_parts(dir);
     MintOutput {
-        package: m.join("model.pt2"),
-        declaration: GraphClassDeclaration::from_graph_class_value(
-            md.value()["graph_class"].as_object().unwrap(),
-        )
-        .unwrap(),
-        sm: md.sm().to_string(),
-        toolchain: md.value()["toolchain"].clone(),
-        host_isa: md.host_isa().clone(),
+        sm: r.metadata.sm().to_string(),
+        toolchain: r.metadata.value()["toolchain"].clone(),
+        host_isa: r.metadata.host_isa().clone(),
+        package: r.package,
+        declaration: r.declaration,
         literals: vec![],
     }
 }
@@ -80,28 +104,22 @@ pub fn divergent_envelope(dir: &Path) -> PathBuf {
 /// An envelope whose recorded host code is for another machine (aarch64),
 /// written without package verification so that admission is what refuses it.
 pub fn foreign_host_envelope(dir: &Path) -> (String, PathBuf) {
-    let md = read_metadata(&reference()).unwrap();
-    let m = members(dir);
-    let rows = parse_constant_table(&m.join("model.pt2")).unwrap();
-    let decl = GraphClassDeclaration::from_graph_class_value(
-        md.value()["graph_class"].as_object().unwrap(),
-    )
-    .unwrap();
+    let r = reference_parts(dir);
     let facts: Value = tcg_cj::parse_strict(
         br#"{"cpp_march":"native","cpp_simdlen":"native","host_isa_features":"asimd,fp","host_isa_level":"native","machine":"aarch64"}"#,
     )
     .unwrap();
     let host = HostIsa::from_value(&facts, Code::ArtifactHostIsaInvalid).unwrap();
     let foreign = build_metadata(
-        &decl,
-        &rows,
+        &r.declaration,
+        &r.rows,
         "cpu-aarch64-native",
-        &md.value()["toolchain"],
+        &r.metadata.value()["toolchain"],
         &host,
     )
     .unwrap();
     let mut pkg = Vec::new();
-    std::fs::File::open(m.join("model.pt2"))
+    std::fs::File::open(&r.package)
         .unwrap()
         .read_to_end(&mut pkg)
         .unwrap();
@@ -180,30 +198,41 @@ pub fn leftovers(dest: &Path) -> Vec<PathBuf> {
 /// A second valid artifact of the reference package under another key: the
 /// same facts recorded with another toolchain block.
 pub fn other_key_envelope(dir: &Path, torch: &str) -> (String, PathBuf) {
-    let md = read_metadata(&reference()).unwrap();
-    let m = members(dir);
-    let rows = parse_constant_table(&m.join("model.pt2")).unwrap();
-    let decl = GraphClassDeclaration::from_graph_class_value(
-        md.value()["graph_class"].as_object().unwrap(),
-    )
-    .unwrap();
-    let mut toolchain = md.value()["toolchain"].as_object().unwrap().clone();
+    let r = reference_parts(dir);
+    let mut toolchain = r.metadata.value()["toolchain"].as_object().unwrap().clone();
     toolchain.insert("torch".into(), torch.into());
     let other = build_metadata(
-        &decl,
-        &rows,
-        md.sm(),
+        &r.declaration,
+        &r.rows,
+        r.metadata.sm(),
         &Value::Object(toolchain),
-        md.host_isa(),
+        r.metadata.host_isa(),
     )
     .unwrap();
     let out = dir.join(format!("other-{torch}.tar.gz"));
     tcg_core::artifact::pack(
-        &m.join("model.pt2"),
+        &r.package,
         &Value::Object(other.value().clone()),
         None,
         &out,
     )
     .unwrap();
     (other.key().to_string(), out)
+}
+
+/// Put an envelope into the store under `key`'s graph ref directly, as
+/// another host or a damaged store would, bypassing import's checks.
+pub fn plant(engine: &Engine, key: &str, envelope: &Path) -> tcg_cas::Digest {
+    let lease = engine.store().lease().unwrap();
+    let info = engine.store().ingest_file(&lease, envelope).unwrap();
+    engine
+        .store()
+        .compare_and_swap(
+            &graph_ref(key),
+            None,
+            Some(&Target::manifest(info.manifest)),
+        )
+        .unwrap();
+    lease.end().unwrap();
+    info.manifest
 }
