@@ -7,7 +7,7 @@ use std::cell::Cell;
 use std::os::unix::fs::symlink;
 
 use common::*;
-use tcg_cas::{Target, GRAPH_REF_PREFIX};
+use tcg_cas::GRAPH_REF_PREFIX;
 use tcg_cj::Value;
 use tcg_core::engine::{graph_ref, Engine, EnsureOutcome, Request, StoreOutcome};
 use tcg_core::{Code, Kind};
