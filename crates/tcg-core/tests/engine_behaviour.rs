@@ -16,6 +16,19 @@ fn engine(dir: &std::path::Path) -> Engine {
     Engine::open(dir.join("store")).unwrap()
 }
 
+/// `resolve` quarantines the record with `event`, publishes nothing, and
+/// refuses it afterwards as quarantined.
+fn assert_resolve_quarantines(e: &Engine, key: &str, out: &std::path::Path, event: Code) {
+    let err = e.resolve(key, out).unwrap_err();
+    assert_eq!(err.kind(), Kind::Quarantined);
+    assert_eq!(err.code(), event);
+    assert!(!out.exists() && leftovers(out).is_empty());
+    assert_eq!(
+        e.resolve(key, out).unwrap_err().code(),
+        Code::QuarantinePresent
+    );
+}
+
 fn request(target: &str) -> Request {
     let md = tcg_core::artifact::read_metadata(&reference()).unwrap();
     Request::new(target, &md.value()["toolchain"]).unwrap()
@@ -89,15 +102,8 @@ fn corrupted_stored_object_is_quarantined_and_a_verified_reimport_repairs_it() {
     e.import_artifact(KEY, &reference()).unwrap();
     assert!(corrupt_objects(&d.path().join("store"), 4096) >= 1);
     let out = d.path().join("out");
-    let err = e.resolve(KEY, &out).unwrap_err();
-    assert_eq!(err.kind(), Kind::Quarantined);
-    assert_eq!(err.code(), Code::QuarantineStoreVerification);
-    assert!(!out.exists() && leftovers(&out).is_empty());
     // The record stays quarantined: resolve and export both refuse it.
-    assert_eq!(
-        e.resolve(KEY, &out).unwrap_err().code(),
-        Code::QuarantinePresent
-    );
+    assert_resolve_quarantines(&e, KEY, &out, Code::QuarantineStoreVerification);
     assert_eq!(
         e.export_artifact(KEY, &d.path().join("x.tar.gz"))
             .unwrap_err()
@@ -460,13 +466,10 @@ fn a_record_whose_bytes_state_another_key_is_quarantined() {
     // The reference envelope planted under another key's graph ref.
     let other = "cg-key-v1-0000000000000000000000000000000000000000000000000000beef";
     plant(&e, other, &reference());
-    let out = d.path().join("out");
-    let err = e.resolve(other, &out).unwrap_err();
-    assert_eq!(err.kind(), Kind::Quarantined);
-    assert_eq!(err.code(), Code::QuarantineKeyMismatch);
-    assert!(!out.exists() && leftovers(&out).is_empty());
-    assert_eq!(
-        e.resolve(other, &out).unwrap_err().code(),
-        Code::QuarantinePresent
+    assert_resolve_quarantines(
+        &e,
+        other,
+        &d.path().join("out"),
+        Code::QuarantineKeyMismatch,
     );
 }
