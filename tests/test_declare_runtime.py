@@ -146,6 +146,81 @@ def test_an_environment_forced_march_fails_closed(monkeypatch: pytest.MonkeyPatc
     assert e.value.code == "compile.host_policy"
 
 
+@pytest.fixture
+def without_cpp_march(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    """Inductor as torch 2.11 has it (no ``cpp.march`` entry), restored afterwards; a private cache."""
+    config = _inductor_config()
+    entry = config._config["cpp.cxx"]
+    before = config.cpp.cxx
+    monkeypatch.setattr(entry, "default", entry.default)
+    monkeypatch.delitem(config._config, "cpp.march")
+    monkeypatch.setattr(runtime, "_REAL_CXX", [])
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    yield config
+    config.cpp.cxx = before
+
+
+def _macros(compiler: str, *flags: str) -> list[str]:
+    out = subprocess.run(
+        [compiler, *flags, "-dM", "-E", "-x", "c++", "/dev/null"], check=True, capture_output=True, text=True
+    ).stdout
+    return sorted(out.splitlines())
+
+
+@pytest.mark.skipif(not X86, reason="the x86-64 clamp")
+def test_without_cpp_march_the_compiler_wrapper_clamps_native(without_cpp_march: Any, tmp_path: Any) -> None:
+    config = without_cpp_march
+    requirement = impose_clamp(CompileError, "compile.host_policy")
+    march = requirement["cpp_march"]
+    seen: list[object] = []
+    thread = threading.Thread(target=lambda: seen.append(config.cpp.cxx))
+    thread.start()
+    thread.join()
+    assert seen == [config.cpp.cxx]
+    none, wrapper = config.cpp.cxx
+    assert none is None and wrapper.startswith(str(tmp_path / "cache" / "torch-compiled-graphs" / "cxx-clamp"))
+    assert config._config["cpp.cxx"].default == (None, wrapper)
+    assert config.cpp.simdlen == int(requirement["cpp_simdlen"])
+    real = runtime._REAL_CXX[0]
+    assert wrapper.rsplit("/", 1)[1] == real.rsplit("/", 1)[1]  # inductor picks flags by the compiler's name
+    # -march=native through the wrapper is exactly -march=<level> through the compiler...
+    clamped = _macros(wrapper, "-march=native", "-DTCG_PROBE=a b")
+    assert clamped == _macros(real, f"-march={march}", "-DTCG_PROBE=a b")
+    assert "#define TCG_PROBE a b" in clamped  # ...and every other argument passes through unchanged
+    if _macros(real, "-march=native") != _macros(real, f"-march={march}"):
+        assert clamped != _macros(real, "-march=native", "-DTCG_PROBE=a b")
+    # Compile options state the same clamp.
+    assert policy._target_options(RuntimeCompatibility("cpu", toolchain=TOOLCHAIN), requirement) == {
+        "cpp.cxx": (None, wrapper),
+        "cpp.simdlen": int(requirement["cpp_simdlen"]),
+    }
+
+
+@pytest.mark.skipif(not X86, reason="the x86-64 clamp")
+def test_a_tampered_compiler_wrapper_is_rewritten(without_cpp_march: Any) -> None:
+    impose_clamp(CompileError, "compile.host_policy")
+    wrapper = without_cpp_march.cpp.cxx[1]
+    original = open(wrapper, "rb").read()
+    with open(wrapper, "wb") as fh:
+        fh.write(b'#!/bin/sh\nexec g++ "$@"\n')
+    impose_clamp(CompileError, "compile.host_policy")
+    assert without_cpp_march.cpp.cxx[1] == wrapper
+    assert open(wrapper, "rb").read() == original
+
+
+@pytest.mark.skipif(not X86, reason="the x86-64 clamp")
+def test_a_compiler_wrapper_in_a_shared_directory_fails_closed(without_cpp_march: Any, tmp_path: Any) -> None:
+    import os
+
+    shared = tmp_path / "cache" / "torch-compiled-graphs" / "cxx-clamp"
+    shared.mkdir(parents=True)
+    os.chmod(shared, 0o777)
+    with pytest.raises(DeclarationError) as e:
+        RuntimeCompatibility("cpu", toolchain=TOOLCHAIN)
+    assert e.value.code == "declaration.host_policy"
+    assert "not a private directory" in str(e.value)
+
+
 def test_a_host_requirement_failure_is_a_host_policy_error(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail() -> dict[str, str]:
         raise DeclarationError("cannot state a native ISA requirement", "declaration.host_policy")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import AdmissionError, CompileError
-from .runtime import RuntimeCompatibility, impose_clamp
+from .runtime import RuntimeCompatibility, clamp_options, impose_clamp
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -162,10 +162,11 @@ def _compile_context(program: ExportedProgram) -> tuple[Any, Any]:
 
 def _target_options(runtime: RuntimeCompatibility, requirement: Mapping[str, str]) -> dict[str, object]:
     """Options that follow the runtime and the clamp; they are host/target facts, not policy."""
+    import torch._inductor.config as config
+
     options: dict[str, object] = {}
     if requirement["cpp_march"] != "native":
-        options["cpp.march"] = requirement["cpp_march"]
-        options["cpp.simdlen"] = int(requirement["cpp_simdlen"])
+        options.update(clamp_options(config, requirement))
     if runtime.target != "cpu":
         # Exactly the target architecture: sm_90a compiles architecture-specific code.
         options["cuda.arch"] = runtime.target.removeprefix("sm_")

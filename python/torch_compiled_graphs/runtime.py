@@ -7,11 +7,25 @@ host-ISA requirement on inductor (the clamp, §5.4), process-wide.
 The ``sm`` value of a CPU target, the host requirement and the toolchain fold
 come from the native core. torch is imported lazily: only a CUDA target and
 the clamp need it.
+
+Two ways to state the clamp, chosen by what inductor offers:
+
+- ``cpp.march`` + ``cpp.simdlen`` where inductor has a ``cpp.march`` entry
+  (torch 2.15, the pinned version);
+- ``cpp.cxx`` + ``cpp.simdlen`` where it has none (torch 2.11, for example,
+  passes ``-march=native`` to the C++ compiler unconditionally on x86-64): the
+  compiler becomes a small wrapper script (:func:`clamp_compiler`) that
+  replaces every ``-march=native`` with the recorded level and runs the real
+  compiler with everything else unchanged.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import shutil
+import stat
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -23,15 +37,19 @@ from .identity import CompiledGraphKey
 if TYPE_CHECKING:
     from .identity import GraphClassDeclaration
 
-__all__ = ["RuntimeCompatibility", "impose_clamp"]
+__all__ = ["RuntimeCompatibility", "clamp_compiler", "clamp_options", "impose_clamp"]
 
 _CUDA_TARGET = re.compile(r"sm_([0-9]+)a?")
 _TARGET_MESSAGE = "runtime target must be 'cpu' or a concrete 'sm_NN'"
 
 #: Serialises every change to inductor's process-wide clamp entries.
 _CLAMP_LOCK = threading.Lock()
-#: The inductor config entries the clamp owns.
+#: The inductor config entries the clamp owns, where inductor has ``cpp.march``.
 _CLAMP_ENTRIES = ("cpp.march", "cpp.simdlen")
+#: The entries it owns where inductor has no ``cpp.march`` (the compiler-wrapper clamp).
+_LEGACY_ENTRIES = ("cpp.cxx", "cpp.simdlen")
+#: The compiler inductor would run before the wrapper clamp replaced it, per process.
+_REAL_CXX: list[str] = []
 
 
 def _normalise_target(target: object) -> str:
@@ -72,7 +90,97 @@ def _clamp_values(requirement: Mapping[str, str]) -> tuple[str | None, int | Non
 
 
 def _read_clamp(config: Any) -> tuple[object, object]:
-    return config.cpp.march, config.cpp.simdlen
+    if "cpp.march" in config._config:
+        return config.cpp.march, config.cpp.simdlen
+    return config.cpp.cxx, config.cpp.simdlen
+
+
+_WRAPPER = """#!/bin/sh
+# torch-compiled-graphs host-code clamp: run {real} with -march=native replaced by -march={march}.
+for arg do
+  shift
+  case "$arg" in
+    -march=native) set -- "$@" "-march={march}" ;;
+    *) set -- "$@" "$arg" ;;
+  esac
+done
+exec '{real}' "$@"
+"""
+
+
+def _clamp_root() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torch-compiled-graphs", "cxx-clamp")
+
+
+def _private_dir(path: str) -> None:
+    """Create ``path`` (0700) or accept it only if this user owns it and nobody else can write it."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise OSError(f"{path} is not a private directory of this user")
+
+
+def clamp_compiler(real: str, march: str) -> str:
+    """A compiler wrapper that runs ``real`` with ``-march=native`` replaced by ``-march=march``.
+
+    The script lives under ``$XDG_CACHE_HOME/torch-compiled-graphs/cxx-clamp/<digest>/``
+    and keeps the real compiler's file name (inductor picks compiler-specific
+    flags by name). Its content is checked on every call and rewritten
+    atomically when it differs; the directories must be private to this user.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", march) or "'" in real or "\n" in real:
+        raise OSError(f"cannot wrap compiler {real!r} for -march={march!r}")
+    text = _WRAPPER.format(real=real, march=march).encode()
+    root = _clamp_root()
+    _private_dir(os.path.dirname(root))
+    _private_dir(root)
+    where = os.path.join(root, hashlib.sha256(text).hexdigest()[:16])
+    _private_dir(where)
+    path = os.path.join(where, os.path.basename(real))
+    try:
+        with open(path, "rb") as fh:
+            if fh.read() == text and os.access(path, os.X_OK):
+                return path
+    except FileNotFoundError:
+        pass
+    temp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o700)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+    return path
+
+
+def _real_compiler(config: Any) -> str:
+    """The compiler inductor runs without the wrapper: the first of ``cpp.cxx`` that is on PATH."""
+    if not _REAL_CXX:
+        search = config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
+        for candidate in search:
+            found = shutil.which(candidate) if isinstance(candidate, str) else None
+            if found is not None:
+                _REAL_CXX.append(found)
+                break
+        else:
+            raise OSError(f"none of inductor's C++ compilers {search!r} is on PATH")
+    return _REAL_CXX[0]
+
+
+def clamp_options(config: Any, requirement: Mapping[str, str]) -> dict[str, object]:
+    """The inductor options that state ``requirement`` on this torch (see the module docstring)."""
+    march, simdlen = _clamp_values(requirement)
+    if "cpp.march" in config._config:
+        return {"cpp.march": march, "cpp.simdlen": simdlen}
+    if march is None:
+        return {"cpp.cxx": config.cpp.cxx, "cpp.simdlen": simdlen}
+    return {"cpp.cxx": (None, clamp_compiler(_real_compiler(config), march)), "cpp.simdlen": simdlen}
 
 
 def impose_clamp(error: type[CompiledGraphError], code: str) -> dict[str, str]:
@@ -88,23 +196,27 @@ def impose_clamp(error: type[CompiledGraphError], code: str) -> dict[str, str]:
         requirement = dict(_native.host_requirement())
     except CompiledGraphError as exc:
         raise error(f"cannot state the host ISA requirement: {exc}", code) from exc
-    march, simdlen = _clamp_values(requirement)
-    want = (march, simdlen)
     with _CLAMP_LOCK:
         try:
             import torch._inductor.config as config
         except Exception as exc:
             raise error(f"cannot import inductor's config: {exc}", code) from exc
         entries = getattr(config, "_config", None)
+        owned = _CLAMP_ENTRIES if isinstance(entries, dict) and "cpp.march" in entries else _LEGACY_ENTRIES
         if not isinstance(entries, dict) or any(
-            name not in entries or not hasattr(entries[name], "default") for name in _CLAMP_ENTRIES
+            name not in entries or not hasattr(entries[name], "default") for name in owned
         ):
             raise error(
-                "inductor config has no process-wide entries for cpp.march and cpp.simdlen; cannot clamp host code",
+                f"inductor config has no process-wide entries for {' and '.join(owned)}; cannot clamp host code",
                 code,
             )
+        try:
+            options = clamp_options(config, requirement)
+        except OSError as exc:
+            raise error(f"cannot clamp host code through the C++ compiler: {exc}", code) from exc
+        want = tuple(options[name] for name in owned)
         unset = _unset_sentinel()
-        for name, value in zip(_CLAMP_ENTRIES, want, strict=True):
+        for name, value in zip(owned, want, strict=True):
             entry = entries[name]
             forced = getattr(entry, "env_value_force", unset)
             if forced is not unset and forced != value:
@@ -115,8 +227,8 @@ def impose_clamp(error: type[CompiledGraphError], code: str) -> dict[str, str]:
             entry.default = value
             if getattr(entry, "env_value_default", unset) is not unset:
                 entry.env_value_default = value
-        config.cpp.march = march
-        config.cpp.simdlen = simdlen
+        for name, value in options.items():
+            setattr(config.cpp, name.removeprefix("cpp."), value)
         # Derived caches of the config (its hash, its dict) must see the new defaults.
         dirty = getattr(config, "_get_dict_dirty_keys_var", None)
         if dirty is not None:
@@ -141,7 +253,7 @@ def impose_clamp(error: type[CompiledGraphError], code: str) -> dict[str, str]:
         raise error(f"clamp did not take: cpp.march/simdlen read {here!r}, want {want!r}", code)
     if there != [want]:
         raise error(
-            f"clamp is thread-local: a fresh thread reads cpp.march/simdlen {there!r}, want {want!r}",
+            f"clamp is thread-local: a fresh thread reads {'/'.join(owned)} {there!r}, want {want!r}",
             code,
         )
     return requirement
