@@ -34,7 +34,7 @@ def _device(stored: StoredCompiledGraph, device: object) -> Any:
             return torch.device("cpu")
         if not torch.cuda.is_available():
             raise BindingError(f"artifact is for {stored.sm} but CUDA is not available", "run.device_mismatch")
-        return torch.device("cuda", torch.cuda.current_device())
+        return _device(stored, torch.device("cuda", torch.cuda.current_device()))
     dev = torch.device(device)  # type: ignore[call-overload]
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise BindingError(f"cannot run on {dev}: CUDA is not available", "run.device_mismatch")
@@ -43,6 +43,13 @@ def _device(stored: StoredCompiledGraph, device: object) -> Any:
     wants_cpu = stored.sm.startswith("cpu")
     if (dev.type == "cpu") != wants_cpu:
         raise BindingError(f"artifact is for {stored.sm}; it cannot run on {dev}", "run.device_mismatch")
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        if stored.sm.removeprefix("sm_").removesuffix("a") != f"{major}{minor}":
+            raise BindingError(
+                f"artifact is for {stored.sm}; {dev} has capability {major}.{minor} (sm_{major}{minor})",
+                "run.device_mismatch",
+            )
     return dev
 
 

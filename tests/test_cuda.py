@@ -1,0 +1,304 @@
+"""CUDA artifacts end to end (``sm_NN`` targets): mint, verification of the CUDA
+package (cubins, host code, constants), restart reuse without torch on the hit
+path, weights bound on the GPU and swapped, and the refusals.
+
+Every test here needs a CUDA device and is skipped without one; the device
+machine runs them through ``scripts/cuda_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_compiled_graphs import Engine, EnsureOutcome, GraphClassSpec, RuntimeCompatibility, record_toolchain
+from torch_compiled_graphs import artifact as art
+from torch_compiled_graphs.errors import ArtifactError, BindingError, DeclarationError
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+EM_CUDA = 190
+EM_X86_64 = 62
+
+
+def device_sm() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+class Net(torch.nn.Module):
+    """A small graph with parameters, a buffer and a dynamic batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = torch.nn.Linear(64, 128)
+        self.l2 = torch.nn.Linear(128, 64)
+        self.register_buffer("shift", torch.linspace(-1.0, 1.0, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.l2(torch.relu(self.l1(x))) + self.shift
+        return out
+
+
+def spec_of(net: torch.nn.Module, name: str = "cuda/net") -> GraphClassSpec:
+    x = torch.randn(8, 64, device="cuda")
+    program = torch.export.export(net, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    return GraphClassSpec(name, "cuda-tests", program)
+
+
+def cuda_weights(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+def elf_members(package: Path) -> list[dict[str, Any]]:
+    """Every ELF member of a ``.pt2``: name, ``e_machine``, ``e_flags``, ELF ABI version."""
+    out = []
+    with zipfile.ZipFile(package) as z:
+        for name in z.namelist():
+            data = z.read(name)
+            if data[:4] == b"\x7fELF":
+                out.append(
+                    {
+                        "name": name,
+                        "e_machine": int.from_bytes(data[0x12:0x14], "little"),
+                        "e_flags": int.from_bytes(data[0x30:0x34], "little"),
+                        "abi_version": data[8],
+                    }
+                )
+    return out
+
+
+@pytest.fixture(scope="module")
+def minted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One real CUDA mint per module: the engine, key, resolved graph and the eager model."""
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("cuda")
+    net = Net().cuda().eval()
+    spec = spec_of(net)
+    toolchain = record_toolchain()
+    runtime = RuntimeCompatibility(device_sm(), toolchain=toolchain)
+    key = runtime.key(spec.declare())
+    engine = Engine(root / "store")
+    calls: list[int] = []
+
+    def recipe() -> GraphClassSpec:
+        calls.append(1)
+        return spec
+
+    result = engine.ensure(key, root / "graph", target=device_sm(), toolchain=toolchain, recipe=recipe)
+    return {
+        "root": root,
+        "engine": engine,
+        "key": key,
+        "result": result,
+        "calls": calls,
+        "net": net,
+        "runtime": runtime,
+        "toolchain": toolchain,
+    }
+
+
+# ----------------------------------------------------------------- target and mint
+
+
+def test_the_target_must_match_the_visible_device() -> None:
+    toolchain = {"torch": "record-digest"}
+    assert RuntimeCompatibility(device_sm(), toolchain=toolchain).sm == device_sm()
+    other = "sm_80" if device_sm() != "sm_80" else "sm_90"
+    with pytest.raises(DeclarationError) as e:
+        RuntimeCompatibility(other, toolchain=toolchain)
+    assert e.value.code == "declaration.device_mismatch"
+
+
+@pytest.mark.real_aoti
+def test_a_cuda_mint_is_code_only_with_cubins_for_the_target(minted: dict[str, Any]) -> None:
+    result = minted["result"]
+    assert result.outcome is EnsureOutcome.MINTED and minted["calls"] == [1]
+    graph = result.graph
+    meta = graph.metadata
+    assert meta["sm"] == device_sm() == minted["runtime"].sm
+    assert meta["package_constants_in_so"] is False and meta["constant_folding_fenced"] is True
+    assert meta["host_isa"] == minted["runtime"].host_isa  # the clamp applies to the host code of CUDA packages too
+    elves = elf_members(graph.package_path)
+    cubins = [e for e in elves if e["name"].endswith(".cubin")]
+    shared = [e for e in elves if e["name"].endswith(".so")]
+    assert cubins, "a CUDA package carries its kernels as cubin members"
+    want = int(device_sm().removeprefix("sm_").rstrip("a"))
+    for cubin in cubins:
+        assert cubin["e_machine"] == EM_CUDA
+        sm = cubin["e_flags"] & 0xFF if cubin["abi_version"] < 8 else (cubin["e_flags"] >> 8) & 0xFF
+        assert sm == want, cubin
+    assert len(shared) == 1 and shared[0]["e_machine"] == EM_X86_64
+    # No weights travel: the package holds no constant payload, the table names every weight.
+    with zipfile.ZipFile(graph.package_path) as z:
+        assert not [n for n in z.namelist() if n.endswith((".bin", ".pt", ".safetensors"))]
+    assert sorted(row["fqn"] for row in graph.constants) == sorted(minted["net"].state_dict())
+    # Placement: a single-device graph declares none (SPEC-v1 §3.6 rule 9).
+    assert meta["graph_class"]["placement"] == []
+
+
+@pytest.mark.real_aoti
+def test_the_exported_cuda_artifact_verifies_and_admits(minted: dict[str, Any]) -> None:
+    out = minted["root"] / "export.tar.gz"
+    minted["engine"].export_artifact(minted["key"], out)
+    report = art.verify(out, host=True)
+    assert report["metadata"]["sm"] == device_sm()
+
+
+@pytest.mark.real_aoti
+def test_a_cubin_for_another_architecture_is_refused(minted: dict[str, Any], tmp_path: Path) -> None:
+    graph = minted["result"].graph
+    tampered = tmp_path / "model.pt2"
+    with zipfile.ZipFile(graph.package_path) as src, zipfile.ZipFile(tampered, "w", zipfile.ZIP_STORED) as dst:
+        done = False
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith(".cubin") and not done:
+                flags = int.from_bytes(data[0x30:0x34], "little")
+                if data[8] < 8:
+                    flags = (flags & ~0xFF) | 80
+                else:
+                    flags = (flags & ~0xFF00) | (80 << 8)
+                data = data[:0x30] + flags.to_bytes(4, "little") + data[0x34:]
+                done = True
+            dst.writestr(info, data)
+    assert done
+    with pytest.raises(ArtifactError) as e:
+        art.pack(tampered, graph.metadata, tmp_path / "out.tar.gz")
+    assert e.value.code == "artifact.cubin_arch_mismatch"
+    assert not (tmp_path / "out.tar.gz").exists()
+
+
+# ----------------------------------------------------------------- reuse
+
+
+REUSE = """
+import json, sys
+from torch_compiled_graphs import Engine
+graph = Engine(sys.argv[1]).resolve(sys.argv[2], sys.argv[3])
+torch_free = "torch" not in sys.modules
+import torch
+from safetensors.torch import load_file
+loaded = graph.load(load_file(sys.argv[4], device="cuda"))
+x = load_file(sys.argv[5])["x"].cuda()
+y = loaded(x)
+print(json.dumps({"torch_free": torch_free, "y": y.cpu().tolist()}))
+"""
+
+
+@pytest.mark.real_aoti
+def test_a_fresh_process_resolves_without_torch_and_runs_on_the_gpu(minted: dict[str, Any], tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    net = minted["net"]
+    save_file({k: v.cpu().contiguous() for k, v in net.state_dict().items()}, tmp_path / "w.safetensors")
+    x = torch.randn(5, 64)
+    save_file({"x": x}, tmp_path / "x.safetensors")
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(REUSE),
+            str(minted["root"] / "store"),
+            str(minted["key"]),
+            str(tmp_path / "g"),
+            str(tmp_path / "w.safetensors"),
+            str(tmp_path / "x.safetensors"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert child.returncode == 0, child.stderr
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    assert report["torch_free"] is True
+    with torch.no_grad():
+        expected = net(x.cuda()).cpu()
+    torch.testing.assert_close(torch.tensor(report["y"]), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.real_aoti
+def test_a_second_ensure_reuses_without_compiling(minted: dict[str, Any]) -> None:
+    calls: list[int] = []
+    again = minted["engine"].ensure(
+        minted["key"],
+        minted["root"] / "graph-again",
+        target=device_sm(),
+        toolchain=minted["toolchain"],
+        recipe=lambda: calls.append(1),
+    )
+    assert again.outcome is EnsureOutcome.REUSED and calls == []
+
+
+# ----------------------------------------------------------------- weights on the GPU
+
+
+@pytest.mark.real_aoti
+def test_cuda_weights_bind_and_swap(minted: dict[str, Any]) -> None:
+    net = minted["net"]
+    graph = minted["result"].graph
+    loaded = graph.load(cuda_weights(net))
+    assert loaded.device == torch.device("cuda", torch.cuda.current_device())
+    x = torch.randn(7, 64, device="cuda")
+    with torch.no_grad():
+        before = net(x)
+    torch.testing.assert_close(loaded(x), before, rtol=1e-4, atol=1e-4)
+    # An out-of-place weight change (new tensors, as an optimizer step or a LoRA merge gives).
+    other = Net().cuda().eval()
+    loaded.rebind(cuda_weights(other))
+    with torch.no_grad():
+        after = other(x)
+    got = loaded(x)
+    torch.testing.assert_close(got, after, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(got, before)
+
+
+@pytest.mark.real_aoti
+def test_cuda_binding_refusals(minted: dict[str, Any]) -> None:
+    graph = minted["result"].graph
+    weights = cuda_weights(minted["net"])
+
+    def refused(code: str, **kwargs: Any) -> None:
+        with pytest.raises(BindingError) as e:
+            graph.load(kwargs.pop("weights", weights), **kwargs)
+        assert e.value.code == code, e.value
+
+    refused("run.device_mismatch", weights={k: v.cpu() for k, v in weights.items()})
+    refused("run.device_mismatch", device="cpu")
+    refused("run.constant_missing", weights={k: v for k, v in weights.items() if k != "shift"})
+    refused("run.constant_unexpected", weights={**weights, "extra": torch.zeros(1, device="cuda")})
+    refused("run.constant_mismatch", weights={**weights, "shift": weights["shift"].half()})
+    refused("run.constant_mismatch", weights={**weights, "shift": torch.zeros(65, device="cuda")})
+    loaded = graph.load(weights)
+    with pytest.raises(BindingError) as e:
+        loaded.rebind({k: v.cpu() for k, v in weights.items()})
+    assert e.value.code == "run.device_mismatch"
+    # The refused rebind left the bound weights in place.
+    x = torch.randn(3, 64, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), minted["net"](x), rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------- placement
+
+
+class TwoDevices(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).cpu() + 1
+
+
+def test_a_graph_spanning_two_devices_declares_its_placement() -> None:
+    x = torch.randn(4, device="cuda")
+    program = torch.export.export(TwoDevices(), (x,))
+    declaration = GraphClassSpec("cuda/two", "cuda-tests", program).declare()
+    assert list(declaration.placement) == ["cpu", "cuda:0"]
