@@ -1,0 +1,279 @@
+"""The CUDA end-to-end suite and benchmark, in one command, for a machine with a GPU.
+
+    python3 scripts/cuda_e2e.py --wheel dist/torch_compiled_graphs-*.whl --out OUT [--no-bench] [--no-tests]
+
+1. Installs the wheel (no dependencies, no index) into a private directory;
+   torch, safetensors and pytest come from the interpreter running this script.
+2. Runs ``tests/test_cuda.py`` (mint, verification of the CUDA package, restart
+   reuse without torch on the hit path, weight swap, refusals) with pytest;
+   writes ``cuda-tests.xml`` (JUnit) and ``cuda-tests.log``.
+3. Benchmarks a medium model, a bf16 transformer block (dim 1024, 16 heads,
+   MLP 4096, sequence 256, dynamic batch), each figure in fresh processes:
+   mint time (against a plain AOTInductor compile and package of the same
+   program, cold caches for both), resolve time (against ``python -c pass``)
+   and time to first inference against ``torch.compile`` with a warm inductor
+   cache and ``torch._inductor.aoti_load_package``.
+4. Writes everything to ``OUT/cuda-e2e.json`` and prints a summary.
+
+On the device machine of this project (see docs/cuda.md), with the wheel
+built here and carried as ``dist``:
+
+    python3 scripts/cuda_e2e.py --wheel dist/*.whl --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MEDIUM = {"dim": 1024, "heads": 16, "hidden": 4096, "seq": 256, "batch": 4}
+
+COMMON = """
+import json, os, sys, time
+t0 = time.perf_counter()
+mode, work = sys.argv[1], sys.argv[2]
+sys.path.insert(0, {scripts!r})
+CFG = {cfg!r}
+"""
+
+MINT_CHILD = (
+    COMMON
+    + """
+import torch
+import demo
+from safetensors.torch import load_file
+model = demo.build_model(CFG["dim"], CFG["heads"], CFG["hidden"])
+model.load_state_dict(load_file(os.path.join(work, "weights.safetensors")))
+model = model.to("cuda", torch.bfloat16).eval()
+x = torch.randn(CFG["batch"], CFG["seq"], CFG["dim"], device="cuda", dtype=torch.bfloat16)
+batch = torch.export.Dim("batch", min=1, max=32)
+program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
+t1 = time.perf_counter()
+if mode == "mint":
+    from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
+    major, minor = torch.cuda.get_device_capability()
+    sm = f"sm_{major}{minor}"
+    spec = GraphClassSpec("bench/block-bf16", "bench", program)
+    toolchain = record_toolchain()
+    key = RuntimeCompatibility(sm, toolchain=toolchain).key(spec.declare())
+    result = Engine(os.path.join(work, "store")).ensure(
+        key, os.path.join(work, "minted"), target=sm, toolchain=toolchain, recipe=lambda: spec
+    )
+    out = {"key": str(key), "outcome": result.outcome.value}
+else:
+    torch._inductor.aoti_compile_and_package(program, package_path=os.path.join(work, "plain.pt2"))
+    out = {}
+out["compile_s"] = time.perf_counter() - t1
+print(json.dumps(out))
+"""
+)
+
+TTFI_CHILD = (
+    COMMON
+    + """
+if mode == "resolve-load":
+    from torch_compiled_graphs import Engine
+    graph = Engine(os.path.join(work, "store")).resolve(sys.argv[3], os.path.join(work, "r", str(os.getpid())))
+    assert "torch" not in sys.modules
+import torch
+from safetensors.torch import load_file
+weights = load_file(os.path.join(work, "weights.safetensors"), device="cuda")
+x = torch.randn(CFG["batch"] - 1, CFG["seq"], CFG["dim"], device="cuda", dtype=torch.bfloat16)
+if mode == "compile-warm":
+    import demo
+    model = demo.build_model(CFG["dim"], CFG["heads"], CFG["hidden"]).to("cuda", torch.bfloat16).eval()
+    model.load_state_dict(weights)
+    run = torch.compile(model, dynamic=True)
+elif mode == "aoti-load-package":
+    run = torch._inductor.aoti_load_package(os.path.join(work, "plain.pt2"))
+else:
+    run = graph.load(weights)
+with torch.no_grad():
+    y = run(x)
+torch.cuda.synchronize()
+print(json.dumps({"ttfi_s": time.perf_counter() - t0, "finite": bool(torch.isfinite(y).all())}))
+"""
+)
+
+RESOLVE_CHILD = """
+import sys, time
+t0 = time.perf_counter()
+from torch_compiled_graphs import Engine
+g = Engine(sys.argv[1]).resolve(sys.argv[2], sys.argv[3])
+assert g is not None and "torch" not in sys.modules
+print(time.perf_counter() - t0)
+"""
+
+
+def install(wheel: str, target: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(target), wheel],
+        check=True,
+    )
+
+
+def child_env(site: Path, cache: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
+    if cache is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    return env
+
+
+def run_json(code: str, args: list[str], env: dict[str, str]) -> dict[str, object]:
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {args[:1]} failed:\n{proc.stderr[-4000:]}")
+    out: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["wall_s"] = wall
+    return out
+
+
+def run_tests(site: Path, out: Path) -> dict[str, object]:
+    xml = out / "cuda-tests.xml"
+    junit = [f"--junitxml={xml}", "-o", "junit_family=xunit1"]
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", str(ROOT / "tests" / "test_cuda.py"), *junit],
+        capture_output=True,
+        text=True,
+        env=child_env(site),
+        cwd=ROOT,
+    )
+    (out / "cuda-tests.log").write_text(proc.stdout + proc.stderr)
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    if xml.exists():
+        suite = ET.parse(xml).getroot()
+        suite = suite if suite.tag == "testsuite" else suite[0]
+        tests = int(suite.get("tests", 0))
+        counts["failed"] = int(suite.get("failures", 0))
+        counts["errors"] = int(suite.get("errors", 0))
+        counts["skipped"] = int(suite.get("skipped", 0))
+        counts["passed"] = tests - counts["failed"] - counts["errors"] - counts["skipped"]
+    return {"returncode": proc.returncode, "seconds": time.perf_counter() - t, **counts}
+
+
+def bench(site: Path, work: Path, repeat: int) -> dict[str, object]:
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import demo
+
+    torch.manual_seed(0)
+    model = demo.build_model(MEDIUM["dim"], MEDIUM["heads"], MEDIUM["hidden"])
+    state = model.state_dict()  # type: ignore[attr-defined]
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, work / "weights.safetensors")
+    fmt = {"scripts": str(ROOT / "scripts"), "cfg": MEDIUM}
+    mint_code, ttfi_code = MINT_CHILD.format(**fmt), TTFI_CHILD.format(**fmt)
+    result: dict[str, object] = {"model": {"kind": "transformer block, bf16", **MEDIUM}}
+
+    mint = run_json(mint_code, ["mint", str(work)], child_env(site, work / "cache-mint"))
+    plain = run_json(mint_code, ["plain", str(work)], child_env(site, work / "cache-plain"))
+    key = str(mint["key"])
+    result["mint"] = {
+        "outcome": mint["outcome"],
+        "mint_s": mint["compile_s"],
+        "plain_aoti_compile_and_package_s": plain["compile_s"],
+        "mint_over_plain": float(mint["compile_s"]) / float(plain["compile_s"]),  # type: ignore[arg-type]
+        "key": key,
+    }
+
+    resolve: list[float] = []
+    bare: list[float] = []
+    for i in range(5):
+        dest = work / "resolved" / str(i)
+        proc = subprocess.run(
+            [sys.executable, "-c", RESOLVE_CHILD, str(work / "store"), key, str(dest)],
+            capture_output=True,
+            text=True,
+            env=child_env(site),
+            check=True,
+        )
+        resolve.append(float(proc.stdout.strip().splitlines()[-1]))
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True, env=child_env(site))
+        bare.append(time.perf_counter() - t)
+    result["resolve"] = {
+        "in_process_median_s": statistics.median(resolve),
+        "python_pass_median_s": statistics.median(bare),
+    }
+
+    run_json(ttfi_code, ["compile-warm", str(work), key], child_env(site, work / "cache-warm"))  # warm it
+    samples: dict[str, list[float]] = {"compile-warm": [], "aoti-load-package": [], "resolve-load": []}
+    for _ in range(repeat):
+        for mode, cache in (
+            ("compile-warm", "cache-warm"),
+            ("aoti-load-package", "cache-aoti"),
+            ("resolve-load", "cache-ours"),
+        ):
+            got = run_json(ttfi_code, [mode, str(work), key], child_env(site, work / cache))
+            assert got["finite"], mode
+            samples[mode].append(float(got["wall_s"]))  # type: ignore[arg-type]
+    med = {m: statistics.median(v) for m, v in samples.items()}
+    result["ttfi"] = {
+        "median_wall_s": med,
+        "samples_s": samples,
+        "compile_warm_over_ours": med["compile-warm"] / med["resolve-load"],
+        "aoti_load_package_over_ours": med["aoti-load-package"] / med["resolve-load"],
+    }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wheel", required=True, help="the abi3 wheel (a glob is expanded)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--no-tests", action="store_true")
+    parser.add_argument("--no-bench", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    wheels = sorted(glob.glob(args.wheel))
+    if len(wheels) != 1:
+        raise SystemExit(f"--wheel must name exactly one wheel, found {wheels}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    report: dict[str, object] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "capability": list(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None,
+        "wheel": os.path.basename(wheels[0]),
+    }
+    with tempfile.TemporaryDirectory(prefix="tcg-cuda-e2e-") as tmp:
+        site = Path(tmp) / "site"
+        install(wheels[0], site)
+        if not args.no_tests:
+            report["tests"] = run_tests(site, args.out)
+            print(json.dumps({"tests": report["tests"]}), flush=True)
+        if not args.no_bench:
+            work = Path(tmp) / "bench"
+            work.mkdir()
+            try:
+                report["bench"] = bench(site, work, args.repeat)
+            except Exception as exc:  # recorded, and the run fails below
+                report["bench_error"] = f"{type(exc).__name__}: {exc}"
+    (args.out / "cuda-e2e.json").write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    tests = report.get("tests")
+    failed = isinstance(tests, dict) and (tests["returncode"] != 0 or tests["passed"] == 0)
+    if failed or "bench_error" in report:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
