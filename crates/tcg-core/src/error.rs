@@ -198,6 +198,18 @@ codes! {
     RunLiteralPayload => Binding, "run.literal_payload";
     /// A call's arguments do not fit the graph's call convention.
     RunCallInvalid => Binding, "run.call_invalid";
+    /// No libtorch was found where the native load path looked for it, or it cannot be opened.
+    RunTorchNotFound => Binding, "run.torch_not_found";
+    /// The installed torch is not the one that compiled the artifact, or another libtorch is loaded.
+    RunTorchMismatch => Binding, "run.torch_mismatch";
+    /// The native load path cannot run this artifact (a CUDA target, an unsupported call structure).
+    RunNativeUnsupported => Binding, "run.native_unsupported";
+    /// An input's dtype, rank or dimensions do not fit what the graph was compiled for.
+    RunInputMismatch => Binding, "run.input_mismatch";
+    /// An input's memory is not a C-contiguous, aligned buffer the graph can read in place.
+    RunInputLayout => Binding, "run.input_layout";
+    /// The compiled graph reported a failure while it ran.
+    RunExecutionFailed => Binding, "run.execution_failed";
 
     IoDestinationOccupied => Io, "io.destination_occupied";
     IoDestinationNotDirectory => Io, "io.destination_not_directory";

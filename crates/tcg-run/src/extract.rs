@@ -1,0 +1,129 @@
+//! The members of one package entry, taken out of `model.pt2` into a private
+//! directory so that the dynamic loader can open the `.so`.
+//!
+//! The zip is read with the bounded reader of `tcg-core` (central directory,
+//! no duplicate or encrypted members, stored or deflate only, CRC checked,
+//! no more than the declared size). Only the entry's wrapper source and its
+//! `.so` are read; nothing is written outside the private directory, whose
+//! file names this module chooses itself.
+
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use tcg_core::artifact::package::Package;
+use tcg_core::{Code, Error, Result};
+
+/// Largest `.so` the native path loads (4 GiB).
+pub const MAX_SHARED_OBJECT_BYTES: u64 = 4 << 30;
+/// Largest wrapper source it reads (64 MiB).
+pub const MAX_WRAPPER_BYTES: u64 = 64 << 20;
+
+/// An entry's members, extracted; the directory is removed on drop.
+#[derive(Debug)]
+pub struct Extracted {
+    dir: tempfile::TempDir,
+    shared_object: PathBuf,
+    /// The wrapper source (`*.wrapper.cpp`) of the entry.
+    pub wrapper: String,
+}
+
+impl Extracted {
+    /// The extracted `.so`.
+    pub fn shared_object(&self) -> &Path {
+        &self.shared_object
+    }
+    /// The private directory (mode 0700).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn invalid(message: String) -> Error {
+    Error::new(Code::RunPackageInvalid, message)
+}
+
+fn sized(pkg: &mut Package, name: &str, limit: u64) -> Result<u64> {
+    let size = pkg.declared_size(name)?;
+    if size > limit {
+        return Err(invalid(format!(
+            "package member {name:?} declares {size} bytes, more than the {limit} the native path reads"
+        )));
+    }
+    Ok(size)
+}
+
+/// Extract the `.so` of `entry` from the package at `package` into a new
+/// private directory under `std::env::temp_dir()`, and read the wrapper source.
+pub fn extract(package: &Path, entry: &str) -> Result<Extracted> {
+    let rewrap = |e: Error| {
+        e.rewrap(
+            Code::RunPackageInvalid,
+            format_args!("cannot load {}", package.display()),
+        )
+    };
+    let mut pkg = Package::open(package).map_err(rewrap)?;
+    let members = pkg.entry_members(Some(entry)).map_err(rewrap)?;
+
+    sized(&mut pkg, &members.wrapper, MAX_WRAPPER_BYTES)?;
+    let wrapper = pkg.read(&members.wrapper).map_err(rewrap)?;
+    let wrapper = String::from_utf8(wrapper)
+        .map_err(|_| invalid(format!("wrapper {:?} is not UTF-8", members.wrapper)))?;
+
+    let declared = sized(&mut pkg, &members.shared_object, MAX_SHARED_OBJECT_BYTES)?;
+    let dir = tempfile::Builder::new()
+        .prefix("tcg-native-")
+        .tempdir()
+        .map_err(|e| Error::io("cannot create a private directory for the graph's .so", &e))?;
+    // tempfile creates the directory with mode 0700; the .so gets a fixed name
+    // of this module's choosing, never a name from the zip.
+    let shared_object = dir.path().join("graph.so");
+    let mut out = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o500)
+        .open(&shared_object)
+        .map_err(|e| {
+            Error::io(
+                format_args!("cannot create {}", shared_object.display()),
+                &e,
+            )
+        })?;
+    let mut written = 0u64;
+    pkg.stream(&members.shared_object, &mut |r: &mut dyn Read| {
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = r
+                .read(&mut buf)
+                .map_err(|e| invalid(format!("cannot read {:?}: {e}", members.shared_object)))?;
+            if n == 0 {
+                return Ok(());
+            }
+            written += n as u64;
+            if written > declared {
+                return Err(invalid(format!(
+                    "package member {:?} holds more than its declared {declared} bytes",
+                    members.shared_object
+                )));
+            }
+            out.write_all(&buf[..n]).map_err(|e| {
+                Error::io(format_args!("cannot write {}", shared_object.display()), &e)
+            })?;
+        }
+    })
+    .map_err(rewrap)?;
+    if written != declared {
+        return Err(invalid(format!(
+            "package member {:?} holds {written} bytes, not its declared {declared}",
+            members.shared_object
+        )));
+    }
+    out.flush()
+        .map_err(|e| Error::io(format_args!("cannot write {}", shared_object.display()), &e))?;
+    Ok(Extracted {
+        dir,
+        shared_object,
+        wrapper,
+    })
+}

@@ -1,0 +1,231 @@
+//! What the wrapper source says about each input, for artifacts whose metadata
+//! carries no call ingress (SPEC-v1 §3.9 makes the ingress optional).
+//!
+//! AOTInductor emits one `check_input_<i>` function per input, run only when
+//! `AOTI_RUNTIME_CHECK_INPUTS` is set: the expected dtype, each static size,
+//! the bounds of each symbolic size and each static stride. This module reads
+//! those facts from the text so the caller can check inputs *before* the call,
+//! whatever the environment. The scan recognises only the generated forms
+//! below; anything else in a condition is ignored, and a function without a
+//! dtype is a refusal (`run.native_unsupported`).
+//!
+//! ```text
+//! int32_t NAME_expected_dtype = aoti_torch_dtype_DTYPE();
+//! if (D != NAME_size[K])          static size
+//! if (NAME_size[K] < L)           lower bound
+//! if (NAME_size[K] > U)           upper bound
+//! if (S != NAME_stride[K])        static stride (evidence of rank)
+//! ```
+//!
+//! The rank is one more than the largest dimension index any check names.
+//! Inputs are C-contiguous, so the last dimension always has the static stride
+//! 1 and is therefore named.
+
+use tcg_core::{Code, Error, Result};
+
+/// One dimension of an input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dim {
+    /// A fixed size.
+    Static(i64),
+    /// A symbolic size with optional inclusive bounds.
+    Range(Option<i64>, Option<i64>),
+}
+
+/// What the wrapper checks for one input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputFact {
+    /// Inductor's dtype name (`float32`).
+    pub dtype: String,
+    /// One entry per dimension.
+    pub dims: Vec<Dim>,
+}
+
+fn unsupported(message: String) -> Error {
+    Error::new(Code::RunNativeUnsupported, message)
+}
+
+/// `NAME_size[K]` or `NAME_stride[K]`: which of the two, and `K`.
+fn indexed(token: &str) -> Option<(&'static str, usize)> {
+    let token = token.strip_suffix(']')?;
+    let (head, index) = token.rsplit_once('[')?;
+    let index: usize = index.parse().ok()?;
+    if index > 64 {
+        return None;
+    }
+    if head.ends_with("_size") {
+        Some(("size", index))
+    } else if head.ends_with("_stride") {
+        Some(("stride", index))
+    } else {
+        None
+    }
+}
+
+fn integer(token: &str) -> Option<i64> {
+    token.strip_suffix('L').unwrap_or(token).parse().ok()
+}
+
+fn parse_function(index: usize, body: &str) -> Result<InputFact> {
+    const DTYPE: &str = "_expected_dtype = aoti_torch_dtype_";
+    let dtype = body
+        .find(DTYPE)
+        .map(|at| &body[at + DTYPE.len()..])
+        .and_then(|rest| rest.split_once("()"))
+        .map(|(name, _)| name)
+        .filter(|name| {
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
+        .ok_or_else(|| unsupported(format!("the wrapper's check_input_{index} states no dtype")))?;
+    let mut sizes: Vec<(usize, Dim)> = Vec::new();
+    let mut rank = 0usize;
+    for piece in body.split("if (").skip(1) {
+        let Some((condition, _)) = piece.split_once(')') else {
+            continue;
+        };
+        let tokens: Vec<&str> = condition.split_whitespace().collect();
+        let [a, op, b] = tokens[..] else {
+            continue;
+        };
+        match (indexed(a), op, indexed(b)) {
+            (None, "!=", Some((kind, k))) => {
+                let Some(value) = integer(a) else { continue };
+                rank = rank.max(k + 1);
+                if kind == "size" {
+                    sizes.push((k, Dim::Static(value)));
+                }
+            }
+            (Some(("size", k)), "<" | ">", None) => {
+                let Some(value) = integer(b) else { continue };
+                rank = rank.max(k + 1);
+                let (lo, hi) = if op == "<" {
+                    (Some(value), None)
+                } else {
+                    (None, Some(value))
+                };
+                sizes.push((k, Dim::Range(lo, hi)));
+            }
+            _ => {}
+        }
+    }
+    let mut dims = vec![Dim::Range(None, None); rank];
+    for (k, dim) in sizes {
+        dims[k] = match (dims[k], dim) {
+            (_, Dim::Static(v)) => Dim::Static(v),
+            (Dim::Static(v), _) => Dim::Static(v),
+            (Dim::Range(lo, hi), Dim::Range(lo2, hi2)) => Dim::Range(lo.or(lo2), hi.or(hi2)),
+        };
+    }
+    Ok(InputFact {
+        dtype: dtype.to_owned(),
+        dims,
+    })
+}
+
+/// The input facts of a wrapper source, in input order; `None` when the
+/// source has no `check_input_<i>` functions at all.
+pub fn input_facts(wrapper: &str) -> Result<Option<Vec<InputFact>>> {
+    let mut facts = Vec::new();
+    loop {
+        let marker = format!("static void check_input_{}(", facts.len());
+        let Some(at) = wrapper.find(&marker) else {
+            break;
+        };
+        let body = &wrapper[at + marker.len()..];
+        // The function ends where the next top-level definition begins.
+        let end = ["\nAOTI_NOINLINE", "\nstatic "]
+            .iter()
+            .filter_map(|m| body.find(m))
+            .min()
+            .unwrap_or(body.len());
+        facts.push(parse_function(facts.len(), &body[..end])?);
+    }
+    Ok((!facts.is_empty()).then_some(facts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATIC: &str = r#"
+AOTI_NOINLINE static void check_input_0(
+    AtenTensorHandle* input_handles
+) {
+    ConstantHandle arg4_1 = ConstantHandle(input_handles[0]);
+    int32_t arg4_1_expected_dtype = aoti_torch_dtype_float32();
+    if (arg4_1_expected_dtype != arg4_1_dtype) {
+        throw std::runtime_error(std::move(ss).str());
+    }
+    auto arg4_1_size = arg4_1.sizes();
+    if (4 != arg4_1_size[0]) {
+        ss << "input_handles[0]: unmatched dim value at 0, "
+    }
+    if (16 != arg4_1_size[1]) {
+    }
+    auto arg4_1_stride = arg4_1.strides();
+    if (16 != arg4_1_stride[0]) {
+    }
+    if (1 != arg4_1_stride[1]) {
+    }
+}
+
+AOTI_NOINLINE static void check_input_1(
+    AtenTensorHandle* input_handles
+) {
+    int32_t arg5_1_expected_dtype = aoti_torch_dtype_int64();
+    if (arg5_1_size[0] < 2) {
+    }
+    if (arg5_1_size[0] > 16) {
+    }
+    if (32 != arg5_1_size[1]) {
+    }
+    if (1 != arg5_1_stride[2]) {
+    }
+}
+
+static bool _check_aoti_runtime_check_inputs_env() {
+    if (4 != other_size[9]) {}
+}
+"#;
+
+    #[test]
+    fn static_and_symbolic_dims_and_the_rank_are_read_from_the_checks() {
+        let facts = input_facts(STATIC).unwrap().unwrap();
+        assert_eq!(
+            facts,
+            vec![
+                InputFact {
+                    dtype: "float32".into(),
+                    dims: vec![Dim::Static(4), Dim::Static(16)],
+                },
+                InputFact {
+                    dtype: "int64".into(),
+                    dims: vec![
+                        Dim::Range(Some(2), Some(16)),
+                        Dim::Static(32),
+                        Dim::Range(None, None)
+                    ],
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_wrapper_without_checks_has_no_facts() {
+        assert_eq!(input_facts("int main() {}").unwrap(), None);
+    }
+
+    #[test]
+    fn a_check_without_a_dtype_is_refused() {
+        let text = "static void check_input_0(\n) {\n if (4 != x_size[0]) {}\n}\n";
+        let err = input_facts(text).unwrap_err();
+        assert_eq!(err.code(), Code::RunNativeUnsupported);
+    }
+
+    #[test]
+    fn absurd_indices_and_non_numeric_bounds_are_ignored() {
+        let text = "static void check_input_0(\n) {\n int32_t a_expected_dtype = aoti_torch_dtype_bool();\n if (4 != a_size[99999]) {}\n if (a_size[0] > s0) {}\n}\n";
+        let facts = input_facts(text).unwrap().unwrap();
+        assert_eq!(facts[0].dims, vec![]);
+    }
+}

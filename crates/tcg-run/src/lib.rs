@@ -1,0 +1,23 @@
+//! Running a resolved compiled graph without the Python `torch` package.
+//!
+//! A stored artifact's `model.pt2` holds a wrapper `.so` that exports a C ABI
+//! (the AOTInductor model container) and needs only libtorch's shared
+//! libraries. This crate opens those libraries at run time (nothing links
+//! torch at build time), extracts the entry's `.so` into a private directory,
+//! creates the container, binds every constant by fqn from safetensors files
+//! after checking it against the artifact's constant table, and runs the graph
+//! on caller buffers, returning outputs the caller owns.
+//!
+//! Every failure is a [`tcg_core::Error`] with a stable `run.*` code.
+
+#![deny(missing_docs)]
+
+pub mod extract;
+pub mod graph;
+pub mod inputs;
+pub mod torch;
+pub mod weights;
+
+pub use graph::{ContainerConstant, Graph, Input};
+pub use inputs::{Dim, InputFact};
+pub use torch::{Dtype, OwnedTensor, Torch};

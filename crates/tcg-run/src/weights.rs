@@ -1,0 +1,125 @@
+//! Safetensors files, memory-mapped and checked against the constant table.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype as StDtype, SafeTensors};
+use tcg_core::{Code, Error, Result};
+
+/// Inductor's dtype name of a safetensors dtype; `None` for dtypes the native
+/// path does not bind.
+pub fn dtype_name(dtype: StDtype) -> Option<&'static str> {
+    Some(match dtype {
+        StDtype::F64 => "float64",
+        StDtype::F32 => "float32",
+        StDtype::F16 => "float16",
+        StDtype::BF16 => "bfloat16",
+        StDtype::I64 => "int64",
+        StDtype::I32 => "int32",
+        StDtype::I16 => "int16",
+        StDtype::I8 => "int8",
+        StDtype::U8 => "uint8",
+        StDtype::BOOL => "bool",
+        _ => return None,
+    })
+}
+
+/// One tensor of a mapped file: its dtype name, shape and where its bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Inductor's dtype name, or the safetensors name for an unsupported dtype.
+    pub dtype: String,
+    /// The shape.
+    pub shape: Vec<usize>,
+    range: std::ops::Range<usize>,
+}
+
+/// A memory-mapped safetensors file.
+pub struct Mapped {
+    path: PathBuf,
+    map: Mmap,
+}
+
+impl std::fmt::Debug for Mapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapped").field("path", &self.path).finish()
+    }
+}
+
+impl Mapped {
+    /// Map `path`; a missing or unreadable file is an error of `code`.
+    pub fn open(path: &Path, code: Code) -> Result<Mapped> {
+        let file = File::open(path)
+            .map_err(|e| Error::new(code, format!("cannot open {}: {e}", path.display())))?;
+        // SAFETY: the mapping is read-only and private to this value. Another
+        // process truncating or rewriting the file while it is mapped would
+        // change or remove the bytes under us; weights are read once, copied
+        // into the graph's own buffers during binding, and unmapped right after.
+        let map = unsafe { Mmap::map(&file) }
+            .map_err(|e| Error::new(code, format!("cannot map {}: {e}", path.display())))?;
+        Ok(Mapped {
+            path: path.to_owned(),
+            map,
+        })
+    }
+
+    /// The path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Parse the header (bounded by the safetensors crate: header size,
+    /// offsets inside the file, no overlap) and list every tensor by name.
+    pub fn tensors(&self, code: Code) -> Result<BTreeMap<String, Entry>> {
+        let parsed = SafeTensors::deserialize(&self.map).map_err(|e| {
+            Error::new(
+                code,
+                format!(
+                    "{} is not a valid safetensors file: {e}",
+                    self.path.display()
+                ),
+            )
+        })?;
+        let base = self.map.as_ptr() as usize;
+        let mut out = BTreeMap::new();
+        for (name, view) in parsed.tensors() {
+            let dtype = match dtype_name(view.dtype()) {
+                Some(name) => name.to_owned(),
+                None => format!("{:?}", view.dtype()).to_lowercase(),
+            };
+            let data = view.data();
+            let numel = view
+                .shape()
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d));
+            let expected = numel.and_then(|n| n.checked_mul(view.dtype().bitsize() / 8));
+            if expected != Some(data.len()) {
+                return Err(Error::new(
+                    code,
+                    format!(
+                        "{}: tensor {name:?} holds {} bytes, its shape needs {expected:?}",
+                        self.path.display(),
+                        data.len()
+                    ),
+                ));
+            }
+            let start = data.as_ptr() as usize - base;
+            out.insert(
+                name,
+                Entry {
+                    dtype,
+                    shape: view.shape().to_vec(),
+                    range: start..start + data.len(),
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// The bytes of `entry`, a tensor of this file.
+    pub fn bytes(&self, entry: &Entry) -> &[u8] {
+        &self.map[entry.range.clone()]
+    }
+}

@@ -1,0 +1,312 @@
+//! The reference artifact of the original implementation (two folded
+//! constants) run through libtorch's C ABI, with libtorch from the project's
+//! virtual environment (`make test` creates it before `cargo test` runs), or
+//! from `TCG_TORCH_LIB`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tcg_core::artifact::{unpack, Metadata};
+use tcg_core::Code;
+use tcg_run::{Graph, Input, Torch};
+
+const ENTRY: &str = "model/mlp";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn torch() -> Arc<Torch> {
+    let dir = std::env::var_os("TCG_TORCH_LIB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/lib/python3.11/site-packages/torch/lib"));
+    assert!(
+        dir.join("libtorch.so").is_file(),
+        "no libtorch at {} (run `make develop`, or set TCG_TORCH_LIB)",
+        dir.display()
+    );
+    Torch::open(&dir).expect("libtorch opens")
+}
+
+struct Unpacked {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    metadata: Metadata,
+}
+
+fn reference() -> Unpacked {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("graph");
+    let mut captured = None;
+    let envelope = root().join("testdata/reference-0.2.0/mlp-cpu.tar.gz");
+    unpack(&envelope, &path, &mut |m: &Metadata| {
+        captured = Some(m.clone());
+        Ok(())
+    })
+    .unwrap();
+    Unpacked {
+        _dir: dir,
+        path,
+        metadata: captured.unwrap(),
+    }
+}
+
+fn load(u: &Unpacked) -> tcg_core::Result<Graph> {
+    Graph::load(
+        torch(),
+        &u.path.join("model.pt2"),
+        ENTRY,
+        "cpu",
+        u.metadata.constants().to_vec(),
+    )
+}
+
+fn fixture(name: &str) -> PathBuf {
+    root().join("testdata/reference-0.2.0").join(name)
+}
+
+/// Little-endian f32 tensors of a safetensors file, by name.
+fn read_f32(path: &Path) -> std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let data = v
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (name, (v.shape().to_vec(), data))
+        })
+        .collect()
+}
+
+fn call(graph: &Graph, x: &[f32], shape: &[i64]) -> tcg_core::Result<Vec<f32>> {
+    let input = Input {
+        data: x.as_ptr() as usize,
+        nbytes: std::mem::size_of_val(x),
+        dtype: "float32".into(),
+        shape: shape.to_vec(),
+    };
+    // SAFETY: `x` is a live slice of exactly `nbytes` bytes for the whole call.
+    let out = unsafe { graph.run(&[input]) }?;
+    assert_eq!(out.len(), 1);
+    let t = &out[0];
+    assert_eq!(t.dtype().name, "float32");
+    let n: i64 = t.sizes().iter().product();
+    // SAFETY: the output owns `n` contiguous f32 values while `out` lives.
+    let values = unsafe { std::slice::from_raw_parts(t.data_ptr() as *const f32, n as usize) };
+    Ok(values.to_vec())
+}
+
+#[test]
+fn the_reference_artifact_matches_its_expected_output_and_rebinds() {
+    let u = reference();
+    let graph = load(&u).unwrap();
+    assert_eq!(
+        graph.weight_fqns(),
+        vec!["l1.weight", "l2.weight", "l1.bias", "l2.bias"]
+    );
+    assert_eq!(
+        graph.constants().iter().filter(|c| c.from_folded).count(),
+        2
+    );
+    let facts = graph.input_facts().unwrap();
+    assert_eq!(facts[0].dtype, "float32");
+    assert_eq!(
+        facts[0].dims,
+        vec![tcg_run::Dim::Static(4), tcg_run::Dim::Static(16)]
+    );
+    graph
+        .bind(&fixture("mlp-cpu.weights.safetensors"), None)
+        .unwrap();
+    let io = read_f32(&fixture("mlp-cpu.io.safetensors"));
+    let (xs, x) = &io["x"];
+    let (_, y) = &io["y"];
+    let shape: Vec<i64> = xs.iter().map(|&d| d as i64).collect();
+    let got = call(&graph, x, &shape).unwrap();
+    for (a, b) in got.iter().zip(y) {
+        assert!((a - b).abs() <= 1e-5 + 1e-5 * b.abs(), "{a} vs {b}");
+    }
+
+    // Scale every weight by zero: the folded constants must follow the rebind.
+    let dir = tempfile::tempdir().unwrap();
+    let zeroed = dir.path().join("zero.safetensors");
+    let weights = read_f32(&fixture("mlp-cpu.weights.safetensors"));
+    let zero: Vec<(String, Vec<usize>, Vec<u8>)> = weights
+        .iter()
+        .map(|(k, (shape, v))| (k.clone(), shape.clone(), vec![0u8; v.len() * 4]))
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = zero
+        .iter()
+        .map(|(k, s, b)| {
+            (
+                k.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &zeroed).unwrap();
+    graph.bind(&zeroed, None).unwrap();
+    assert!(call(&graph, x, &shape).unwrap().iter().all(|&v| v == 0.0));
+    graph
+        .bind(&fixture("mlp-cpu.weights.safetensors"), None)
+        .unwrap();
+    assert_eq!(call(&graph, x, &shape).unwrap(), got);
+}
+
+#[test]
+fn wrong_inputs_are_refused_before_the_container_runs() {
+    let u = reference();
+    let graph = load(&u).unwrap();
+    graph
+        .bind(&fixture("mlp-cpu.weights.safetensors"), None)
+        .unwrap();
+    let x = vec![0f32; 64];
+    assert_eq!(
+        call(&graph, &x, &[8, 8]).unwrap_err().code(),
+        Code::RunInputMismatch
+    );
+    assert_eq!(
+        call(&graph, &x, &[64]).unwrap_err().code(),
+        Code::RunInputMismatch
+    );
+    assert_eq!(
+        call(&graph, &x[..32], &[4, 16]).unwrap_err().code(),
+        Code::RunInputLayout
+    );
+    let ints = vec![0i64; 64];
+    let input = Input {
+        data: ints.as_ptr() as usize,
+        nbytes: 512,
+        dtype: "int64".into(),
+        shape: vec![4, 16],
+    };
+    // SAFETY: `ints` holds 512 bytes for the whole call.
+    assert_eq!(
+        unsafe { graph.run(&[input]) }.unwrap_err().code(),
+        Code::RunInputMismatch
+    );
+    // SAFETY: no inputs are read.
+    assert_eq!(
+        unsafe { graph.run(&[]) }.unwrap_err().code(),
+        Code::RunCallInvalid
+    );
+}
+
+#[test]
+fn a_constant_table_that_disagrees_with_the_package_is_refused() {
+    let u = reference();
+    let mut rows = u.metadata.constants().to_vec();
+    rows.pop();
+    let err = Graph::load(torch(), &u.path.join("model.pt2"), ENTRY, "cpu", rows).unwrap_err();
+    assert_eq!(err.code(), Code::RunPackageInvalid);
+    let mut rows = u.metadata.constants().to_vec();
+    rows[0].dtype = "float16".into();
+    let err = Graph::load(torch(), &u.path.join("model.pt2"), ENTRY, "cpu", rows).unwrap_err();
+    assert_eq!(err.code(), Code::RunPackageInvalid);
+    let err = Graph::load(
+        torch(),
+        &u.path.join("model.pt2"),
+        "model/other",
+        "cpu",
+        u.metadata.constants().to_vec(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), Code::RunPackageInvalid);
+    let err = Graph::load(
+        torch(),
+        &u.path.join("model.pt2"),
+        ENTRY,
+        "cuda",
+        u.metadata.constants().to_vec(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), Code::RunNativeUnsupported);
+}
+
+#[test]
+fn weights_are_checked_before_binding() {
+    let u = reference();
+    let graph = load(&u).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let weights = read_f32(&fixture("mlp-cpu.weights.safetensors"));
+    let write =
+        |name: &str, edit: &dyn Fn(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>)| {
+            let mut all: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = weights
+                .iter()
+                .map(|(k, (s, v))| {
+                    (
+                        k.clone(),
+                        safetensors::Dtype::F32,
+                        s.clone(),
+                        v.iter().flat_map(|f| f.to_le_bytes()).collect(),
+                    )
+                })
+                .collect();
+            edit(&mut all);
+            let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = all
+                .iter()
+                .map(|(k, d, s, b)| {
+                    (
+                        k.clone(),
+                        safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+                    )
+                })
+                .collect();
+            let path = dir.path().join(name);
+            safetensors::serialize_to_file(views, None, &path).unwrap();
+            path
+        };
+    let code = |p: &Path| graph.bind(p, None).unwrap_err().code();
+    assert_eq!(
+        code(&write("missing", &|w| w.retain(|t| t.0 != "l2.bias"))),
+        Code::RunConstantMissing
+    );
+    assert_eq!(
+        code(&write("extra", &|w| w.push((
+            "l3.weight".into(),
+            safetensors::Dtype::F32,
+            vec![1],
+            vec![0; 4]
+        )))),
+        Code::RunConstantUnexpected
+    );
+    assert_eq!(
+        code(&write("shape", &|w| {
+            let b = w.iter_mut().find(|t| t.0 == "l1.bias").unwrap();
+            b.2 = vec![31];
+            b.3.truncate(31 * 4);
+        })),
+        Code::RunConstantMismatch
+    );
+    assert_eq!(
+        code(&write("dtype", &|w| {
+            let b = w.iter_mut().find(|t| t.0 == "l1.bias").unwrap();
+            b.1 = safetensors::Dtype::F16;
+            b.3.truncate(32 * 2);
+        })),
+        Code::RunConstantMismatch
+    );
+    let garbage = dir.path().join("garbage");
+    std::fs::write(&garbage, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot safetensors").unwrap();
+    assert_eq!(code(&garbage), Code::RunWeightsInvalid);
+    assert_eq!(code(&dir.path().join("absent")), Code::RunWeightsInvalid);
+}
+
+#[test]
+fn a_second_libtorch_directory_is_refused() {
+    let _ = torch();
+    let other = tempfile::tempdir().unwrap();
+    assert_eq!(
+        Torch::open(other.path()).unwrap_err().code(),
+        Code::RunTorchMismatch
+    );
+    let missing = Path::new("/nonexistent/torch/lib");
+    assert_eq!(
+        Torch::open(missing).unwrap_err().code(),
+        Code::RunTorchNotFound
+    );
+}
