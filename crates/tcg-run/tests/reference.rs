@@ -12,6 +12,9 @@ use tcg_run::{Graph, Input, Torch};
 
 const ENTRY: &str = "model/mlp";
 
+/// One tensor to write: name, dtype, shape, bytes.
+type Tensor = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -233,33 +236,32 @@ fn weights_are_checked_before_binding() {
     let graph = load(&u).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let weights = read_f32(&fixture("mlp-cpu.weights.safetensors"));
-    let write =
-        |name: &str, edit: &dyn Fn(&mut Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)>)| {
-            let mut all: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = weights
-                .iter()
-                .map(|(k, (s, v))| {
-                    (
-                        k.clone(),
-                        safetensors::Dtype::F32,
-                        s.clone(),
-                        v.iter().flat_map(|f| f.to_le_bytes()).collect(),
-                    )
-                })
-                .collect();
-            edit(&mut all);
-            let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = all
-                .iter()
-                .map(|(k, d, s, b)| {
-                    (
-                        k.clone(),
-                        safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
-                    )
-                })
-                .collect();
-            let path = dir.path().join(name);
-            safetensors::serialize_to_file(views, None, &path).unwrap();
-            path
-        };
+    let write = |name: &str, edit: &dyn Fn(&mut Vec<Tensor>)| {
+        let mut all: Vec<Tensor> = weights
+            .iter()
+            .map(|(k, (s, v))| {
+                (
+                    k.clone(),
+                    safetensors::Dtype::F32,
+                    s.clone(),
+                    v.iter().flat_map(|f| f.to_le_bytes()).collect(),
+                )
+            })
+            .collect();
+        edit(&mut all);
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = all
+            .iter()
+            .map(|(k, d, s, b)| {
+                (
+                    k.clone(),
+                    safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        let path = dir.path().join(name);
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        path
+    };
     let code = |p: &Path| graph.bind(p, None).unwrap_err().code();
     assert_eq!(
         code(&write("missing", &|w| w.retain(|t| t.0 != "l2.bias"))),
