@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any, TypeAlias, TypeVar
 
     from .declaration import GraphClassSpec
+    from .native import NativeGraph
     from .runner import LoadedGraph
 
     StrPath: TypeAlias = str | os.PathLike[str]
@@ -211,6 +212,19 @@ class StoredCompiledGraph(_Record):
         from .runner import LoadedGraph
 
         return LoadedGraph(self, weights, device=device)
+
+    def load_native(self, weights: StrPath, *, torch_lib: StrPath | None = None) -> NativeGraph:
+        """Load this graph without importing torch and bind ``weights`` (a ``.safetensors`` file).
+
+        libtorch's shared libraries are opened from ``torch_lib``, or from the
+        installed torch package (found without importing it). Every constant
+        is checked by fqn (presence, no extras, dtype, shape) before anything
+        is bound; calls take numpy-compatible arrays and return arrays. CPU
+        graphs only. See docs/run.md.
+        """
+        from .native import NativeGraph
+
+        return NativeGraph(self, weights, torch_lib=torch_lib)
 
     @property
     def constants(self) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ mod engine;
 mod errors;
 mod host;
 mod identity;
+mod run;
 mod store;
 
 use pyo3::prelude::*;
@@ -21,6 +22,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     engine::register(m)?;
     store::register(m)?;
     artifact::register(m)?;
+    run::register(m)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(error_codes, m)?)?;
     Ok(())

@@ -1,0 +1,410 @@
+"""Run a resolved compiled graph without importing torch (the native load path).
+
+:meth:`StoredCompiledGraph.load_native` loads the package's wrapper ``.so``
+through libtorch's C ABI (``crates/tcg-run``): libtorch's shared libraries are
+opened from the installed torch package, found without importing it, and the
+Python ``torch`` package is never imported. Weights come from a safetensors
+file and are checked constant by constant against the artifact's table before
+anything is bound. Calls take numpy-compatible arrays with the original
+module's ``(args, kwargs)`` convention; each input is checked against what the
+graph was compiled for before the graph runs. Outputs expose
+``__array_interface__``, so ``numpy.asarray(out)`` is a zero-copy view that
+keeps the output alive.
+
+See docs/run.md for what is checked and what is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from . import _native
+from .errors import BindingError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any, TypeAlias
+
+    from .engine import StoredCompiledGraph, StrPath
+
+    # ("leaf",) | ("tuple" | "list", children) | ("dict", keys, children)
+    Spec: TypeAlias = tuple[Any, ...]
+
+__all__ = ["NativeGraph", "find_torch_lib"]
+
+# numpy type strings (and buffer-protocol formats) of the dtypes the path passes.
+_TYPESTR = {
+    "f4": "float32",
+    "f8": "float64",
+    "f2": "float16",
+    "i8": "int64",
+    "i4": "int32",
+    "i2": "int16",
+    "i1": "int8",
+    "u1": "uint8",
+    "b1": "bool",
+}
+_FORMAT = {
+    "f": "float32",
+    "d": "float64",
+    "e": "float16",
+    "q": "int64",
+    "l": "int64",
+    "i": "int32",
+    "h": "int16",
+    "b": "int8",
+    "B": "uint8",
+    "?": "bool",
+}
+_SIZE = {"float32": 4, "float64": 8, "float16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+
+def _torch_package_dir() -> str:
+    """The installed torch package's directory, found without importing it."""
+    from importlib.util import find_spec
+
+    spec = find_spec("torch")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise BindingError(
+            "torch is not installed in this environment; pass torch_lib= with the lib directory of a torch "
+            "installation",
+            "run.torch_not_found",
+        )
+    return str(locations[0])
+
+
+def find_torch_lib(torch_lib: StrPath | None = None) -> str:
+    """The directory holding ``libtorch.so`` and ``libtorch_cpu.so``: ``torch_lib``
+    when given, else ``<torch package>/lib`` (located without importing torch)."""
+    lib = os.fspath(torch_lib) if torch_lib is not None else os.path.join(_torch_package_dir(), "lib")
+    for name in ("libtorch.so", "libtorch_cpu.so"):
+        if not os.path.isfile(os.path.join(lib, name)):
+            raise BindingError(
+                f"{lib} has no {name}; pass torch_lib= with a torch lib directory", "run.torch_not_found"
+            )
+    return lib
+
+
+def _is_record_digest(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 16 and all(c in "0123456789abcdef" for c in value)
+
+
+def _torch_record_digest(torch_lib: str) -> str | None:
+    """The toolchain digest (16 hex of SHA-256 of ``RECORD``) of the torch
+    distribution that owns ``torch_lib``, as ``record_toolchain`` computes it;
+    ``None`` when no distribution metadata sits beside the package."""
+    import hashlib
+
+    site = os.path.dirname(os.path.dirname(os.path.realpath(torch_lib)))
+    try:
+        names = os.listdir(site)
+    except OSError:
+        return None
+    infos = [n for n in names if n.startswith("torch-") and n.endswith(".dist-info") and n[6:7].isdigit()]
+    if len(infos) != 1:
+        return None
+    try:
+        with open(os.path.join(site, infos[0], "RECORD"), encoding="utf-8") as f:
+            record = f.read()
+    except OSError:
+        return None
+    return hashlib.sha256(record.encode("utf-8")).hexdigest()[:16]
+
+
+def _check_torch(stored: StoredCompiledGraph, torch_lib: str) -> str:
+    """Refuse a torch other than the one that compiled the artifact; say what was checked."""
+    recorded = stored.metadata.get("toolchain", {}).get("torch")
+    if not _is_record_digest(recorded):
+        # Artifacts of other producers (the reference fixture among them) record no
+        # digest this project can recompute: nothing to compare against.
+        return "not recorded"
+    found = _torch_record_digest(torch_lib)
+    if found is None:
+        raise BindingError(
+            f"the artifact was compiled with torch {recorded}, and the torch at {torch_lib} has no distribution "
+            "RECORD to compare",
+            "run.torch_mismatch",
+        )
+    if found != recorded:
+        raise BindingError(
+            f"the artifact was compiled with torch {recorded}; the torch at {torch_lib} is {found}",
+            "run.torch_mismatch",
+        )
+    return "record digest"
+
+
+# ----------------------------------------------------------------- tree specs
+
+
+def _parse_spec(text: str, what: str) -> Spec:
+    """Torch's treespec JSON (protocol 1) as nested tuples; only tuple, list,
+    dict and leaf nodes are understood (``run.native_unsupported`` otherwise)."""
+    try:
+        protocol, root = json.loads(text)
+    except (ValueError, TypeError) as exc:
+        raise BindingError(f"the graph's {what} spec is not a treespec: {exc}", "run.native_unsupported") from exc
+    if protocol != 1:
+        raise BindingError(f"the graph's {what} spec uses treespec protocol {protocol}", "run.native_unsupported")
+
+    def node(n: Any) -> Spec:
+        if not isinstance(n, dict) or not isinstance(n.get("children_spec"), list):
+            raise BindingError(f"the graph's {what} spec is malformed", "run.native_unsupported")
+        kind, children = n.get("type"), [node(c) for c in n["children_spec"]]
+        if kind is None and not children:
+            return ("leaf",)
+        if kind in ("builtins.tuple", "builtins.list"):
+            return (kind.removeprefix("builtins."), children)
+        if kind == "builtins.dict":
+            keys = json.loads(n.get("context") or "[]")
+            if not isinstance(keys, list) or len(keys) != len(children) or not all(isinstance(k, str) for k in keys):
+                raise BindingError(f"the graph's {what} spec has a dict of non-string keys", "run.native_unsupported")
+            return ("dict", keys, children)
+        raise BindingError(
+            f"the graph's {what} spec has a {kind} node, which the native path does not interpret; use load()",
+            "run.native_unsupported",
+        )
+
+    return node(root)
+
+
+def _flatten(spec: Spec, value: Any, path: str, out: list[tuple[str, Any]]) -> None:
+    kind = spec[0]
+    if kind == "leaf":
+        out.append((path, value))
+        return
+    bad = f"argument {path or '(call)'} must be"
+    if kind in ("tuple", "list"):
+        want = tuple if kind == "tuple" else list
+        if not isinstance(value, want) or len(value) != len(spec[1]):
+            raise BindingError(f"{bad} a {kind} of {len(spec[1])}, got {_describe(value)}", "run.call_invalid")
+        for i, (child, item) in enumerate(zip(spec[1], value, strict=True)):
+            _flatten(child, item, f"{path}[{i}]", out)
+        return
+    keys: list[str] = spec[1]
+    if not isinstance(value, dict) or sorted(value) != sorted(keys):
+        got = sorted(value) if isinstance(value, dict) else _describe(value)
+        raise BindingError(f"{bad} a dict with keys {sorted(keys)}, got {got}", "run.call_invalid")
+    for key, child in zip(keys, spec[2], strict=True):
+        _flatten(child, value[key], f"{path}[{key!r}]", out)
+
+
+def _count(spec: Spec) -> int:
+    if spec[0] == "leaf":
+        return 1
+    return sum(_count(c) for c in spec[-1])
+
+
+def _unflatten(spec: Spec, leaves: Any) -> Any:
+    kind = spec[0]
+    if kind == "leaf":
+        return next(leaves)
+    if kind == "tuple":
+        return tuple(_unflatten(c, leaves) for c in spec[1])
+    if kind == "list":
+        return [_unflatten(c, leaves) for c in spec[1]]
+    return {k: _unflatten(c, leaves) for k, c in zip(spec[1], spec[2], strict=True)}
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return type(value).__qualname__
+
+
+# ---------------------------------------------------------------------- inputs
+
+
+def _is_array(value: object) -> bool:
+    return hasattr(value, "__array_interface__") or (
+        not isinstance(value, (str, bytes, int, float, bool)) and value is not None and _has_buffer(value)
+    )
+
+
+def _has_buffer(value: object) -> bool:
+    try:
+        memoryview(value)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
+
+
+def _c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int]]:
+    """``(address, nbytes, dtype, shape)`` of a C-contiguous CPU buffer."""
+    layout = "run.input_layout"
+    iface = getattr(value, "__array_interface__", None)
+    if iface is not None:
+        typestr = str(iface.get("typestr", ""))
+        if typestr[:1] not in "<|" or typestr[1:] not in _TYPESTR:
+            raise BindingError(f"input {path} has type {typestr!r}, which the graph cannot take", "run.input_mismatch")
+        dtype = _TYPESTR[typestr[1:]]
+        shape = [int(d) for d in iface["shape"]]
+        data = iface.get("data")
+        if not isinstance(data, tuple) or not isinstance(data[0], int):
+            raise BindingError(f"input {path} does not expose its memory by address", layout)
+        address = int(data[0])
+        strides = iface.get("strides")
+        if strides is not None and tuple(strides) != _c_strides(shape, _SIZE[dtype]):
+            raise BindingError(f"input {path} is not C-contiguous (strides {tuple(strides)})", layout)
+        if iface.get("mask") is not None or iface.get("offset", 0):
+            raise BindingError(f"input {path} has a mask or an offset", layout)
+    else:
+        view = memoryview(value)
+        fmt = view.format.lstrip("@=<")
+        if fmt not in _FORMAT or (fmt == "l" and view.itemsize != 8):
+            raise BindingError(
+                f"input {path} has format {view.format!r}, which the graph cannot take", "run.input_mismatch"
+            )
+        if not view.c_contiguous:
+            raise BindingError(f"input {path} is not C-contiguous", layout)
+        if view.readonly:
+            raise BindingError(
+                f"input {path} is a read-only buffer without __array_interface__; pass a numpy array", layout
+            )
+        import ctypes
+
+        dtype, shape = _FORMAT[fmt], list(view.shape or ())
+        address = ctypes.addressof(ctypes.c_char.from_buffer(view)) if view.nbytes else 0
+    nbytes = _SIZE[dtype]
+    for d in shape:
+        nbytes *= d
+    if address % _SIZE[dtype]:
+        raise BindingError(f"input {path} is not aligned to its {_SIZE[dtype]}-byte elements", layout)
+    return address, nbytes, dtype, shape
+
+
+class NativeGraph:
+    """A resolved graph loaded without torch: call it like the original module, with arrays."""
+
+    def __init__(self, stored: StoredCompiledGraph, weights: StrPath, *, torch_lib: StrPath | None = None) -> None:
+        if not stored.sm.startswith("cpu"):
+            raise BindingError(
+                f"the native load path runs CPU graphs only; this one is for {stored.sm}: use load()",
+                "run.native_unsupported",
+            )
+        self._stored = stored
+        lib = find_torch_lib(torch_lib)
+        #: How the installed torch was matched to the artifact's: ``"record digest"``
+        #: or ``"not recorded"`` (the artifact states no digest to compare).
+        self.torch_check = _check_torch(stored, lib)
+        rows = [(r["fqn"], r["source"], r["dtype"], [int(d) for d in r["shape"]]) for r in stored.constants]
+        self._model = _native.NativeModel(lib, os.fspath(stored.package_path), stored.graph_class, "cpu", rows)
+        in_text, out_text = self._model.call_spec
+        self._in = _parse_spec(in_text, "input")
+        self._out = _parse_spec(out_text, "output")
+        if (
+            self._in[0] != "tuple"
+            or len(self._in[1]) != 2
+            or self._in[1][0][0] != "tuple"
+            or self._in[1][1][0] != "dict"
+        ):
+            raise BindingError("the graph's input spec is not (args, kwargs)", "run.native_unsupported")
+        if _count(self._out) != self._model.num_outputs:
+            raise BindingError(
+                f"the output spec has {_count(self._out)} leaves, the graph returns {self._model.num_outputs}",
+                "run.native_unsupported",
+            )
+        self._facts = self._input_facts()
+        self.rebind(weights)
+
+    def _input_facts(self) -> list[tuple[int | None, str, list[Any]]]:
+        """Per tensor input: its flat position (from the ingress, else None), dtype
+        and dims (an int, a symbol name, or a ``(lo, hi)`` pair)."""
+        pytree = self._stored.metadata["graph_class"]["graph"].get("pytree", {})
+        ingress = pytree.get("ingress") if isinstance(pytree, dict) else None
+        if isinstance(ingress, dict):
+            rows = sorted(ingress["inputs"], key=lambda r: r["position"])
+            self._symbols: Mapping[str, Sequence[int]] = ingress.get("symbols", {})
+            if len(rows) != self._model.num_inputs:
+                raise BindingError(
+                    f"the call ingress lists {len(rows)} inputs, the graph takes {self._model.num_inputs}",
+                    "run.package_invalid",
+                )
+            return [(int(r["position"]), str(r["dtype"]), list(r["shape"])) for r in rows]
+        self._symbols = {}
+        facts = self._model.input_facts
+        if facts is None:
+            raise BindingError(
+                "the artifact records no call ingress and its wrapper states no input checks, so inputs cannot be "
+                "checked before a call; use load()",
+                "run.native_unsupported",
+            )
+        return [(None, dtype, dims) for dtype, dims in facts]
+
+    @property
+    def constant_fqns(self) -> list[str]:
+        """The fqns the weights file must hold (parameters and buffers), in table order."""
+        return list(self._model.weight_fqns)
+
+    @property
+    def torch_lib(self) -> str:
+        """The libtorch directory the graph runs with."""
+        return str(self._model.torch_lib)
+
+    def rebind(self, weights: StrPath) -> None:
+        """Bind a new weights file (``.safetensors``) with the same checks as loading."""
+        literals = os.path.join(self._stored.path, "constants.safetensors")
+        has_literals = any(r["source"] == "literal" for r in self._stored.constants)
+        self._model.bind(os.fspath(weights), literals if has_literals else None)
+
+    def _check(self, index: int, path: str, dtype: str, shape: list[int], bound: dict[str, int]) -> None:
+        _, want, dims = self._facts[index]
+        bad = "run.input_mismatch"
+        if dtype != want:
+            raise BindingError(f"input {path} is {dtype}, the graph was compiled for {want}", bad)
+        if len(shape) != len(dims):
+            raise BindingError(f"input {path} has rank {len(shape)}, the graph was compiled for {len(dims)}", bad)
+        for k, (size, dim) in enumerate(zip(shape, dims, strict=True)):
+            if isinstance(dim, int):
+                if size != dim:
+                    raise BindingError(f"input {path} has size {size} at dimension {k}, the graph needs {dim}", bad)
+            elif isinstance(dim, str):
+                lo, hi = self._symbols[dim]
+                if not lo <= size <= hi:
+                    raise BindingError(
+                        f"input {path} has size {size} at dimension {k}; {dim} must be in [{lo}, {hi}]", bad
+                    )
+                if bound.setdefault(dim, size) != size:
+                    raise BindingError(
+                        f"input {path} has size {size} at dimension {k}, but {dim} is {bound[dim]} elsewhere", bad
+                    )
+            else:
+                lo, hi = dim
+                if (lo is not None and size < lo) or (hi is not None and size > hi):
+                    raise BindingError(f"input {path} has size {size} at dimension {k}, outside [{lo}, {hi}]", bad)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run with the original module's ``(args, kwargs)`` convention; arrays in, arrays out."""
+        flat: list[tuple[str, Any]] = []
+        _flatten(self._in, (args, kwargs), "", flat)
+        arrays = [(i, path, value) for i, (path, value) in enumerate(flat) if _is_array(value)]
+        if len(arrays) != self._model.num_inputs:
+            raise BindingError(
+                f"the call holds {len(arrays)} arrays, the graph takes {self._model.num_inputs}", "run.call_invalid"
+            )
+        inputs = []
+        bound: dict[str, int] = {}
+        for n, (position, path, value) in enumerate(arrays):
+            expected = self._facts[n][0]
+            if expected is not None and expected != position:
+                raise BindingError(f"argument {path} is an array where the graph takes none", "run.call_invalid")
+            address, nbytes, dtype, shape = _buffer(path, value)
+            self._check(n, path, dtype, shape, bound)
+            inputs.append((address, nbytes, dtype, shape))
+        # `arrays` keeps every input object alive until the run returns.
+        outputs = self._model.run(inputs)
+        del arrays
+        return _unflatten(self._out, iter(outputs))
+
+    def __repr__(self) -> str:
+        return f"NativeGraph(key={self._stored.key!r}, torch_lib={self.torch_lib!r})"
