@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +166,8 @@ def run_tests(site: Path, out: Path) -> dict[str, object]:
     return {"returncode": proc.returncode, "seconds": time.perf_counter() - t, **counts}
 
 
-def bench(site: Path, work: Path, repeat: int) -> dict[str, object]:
+def bench(site: Path, work: Path, repeat: int, result: dict[str, object], save: Callable[[], None]) -> None:
+    """Fill ``result`` stage by stage, calling ``save`` after each (a partial run still reports)."""
     import torch
     from safetensors.torch import save_file
 
@@ -178,7 +180,7 @@ def bench(site: Path, work: Path, repeat: int) -> dict[str, object]:
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, work / "weights.safetensors")
     fmt = {"scripts": str(ROOT / "scripts"), "cfg": MEDIUM}
     mint_code, ttfi_code = MINT_CHILD.format(**fmt), TTFI_CHILD.format(**fmt)
-    result: dict[str, object] = {"model": {"kind": "transformer block, bf16", **MEDIUM}}
+    result["model"] = {"kind": "transformer block, bf16", **MEDIUM}
 
     mint = run_json(mint_code, ["mint", str(work)], child_env(site, work / "cache-mint"))
     plain = run_json(mint_code, ["plain", str(work)], child_env(site, work / "cache-plain"))
@@ -190,6 +192,7 @@ def bench(site: Path, work: Path, repeat: int) -> dict[str, object]:
         "mint_over_plain": float(mint["compile_s"]) / float(plain["compile_s"]),  # type: ignore[arg-type]
         "key": key,
     }
+    save()
 
     resolve: list[float] = []
     bare: list[float] = []
@@ -210,6 +213,7 @@ def bench(site: Path, work: Path, repeat: int) -> dict[str, object]:
         "in_process_median_s": statistics.median(resolve),
         "python_pass_median_s": statistics.median(bare),
     }
+    save()
 
     run_json(ttfi_code, ["compile-warm", str(work), key], child_env(site, work / "cache-warm"))  # warm it
     samples: dict[str, list[float]] = {"compile-warm": [], "aoti-load-package": [], "resolve-load": []}
@@ -222,6 +226,8 @@ def bench(site: Path, work: Path, repeat: int) -> dict[str, object]:
             got = run_json(ttfi_code, [mode, str(work), key], child_env(site, work / cache))
             assert got["finite"], mode
             samples[mode].append(float(got["wall_s"]))  # type: ignore[arg-type]
+        result["ttfi_samples_s"] = samples
+        save()
     med = {m: statistics.median(v) for m, v in samples.items()}
     result["ttfi"] = {
         "median_wall_s": med,
@@ -229,7 +235,6 @@ def bench(site: Path, work: Path, repeat: int) -> dict[str, object]:
         "compile_warm_over_ours": med["compile-warm"] / med["resolve-load"],
         "aoti_load_package_over_ours": med["aoti-load-package"] / med["resolve-load"],
     }
-    return result
 
 
 def main() -> None:
@@ -254,20 +259,26 @@ def main() -> None:
         "capability": list(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None,
         "wheel": os.path.basename(wheels[0]),
     }
+
+    def save() -> None:
+        (args.out / "cuda-e2e.json").write_text(json.dumps(report, indent=1))
+
     with tempfile.TemporaryDirectory(prefix="tcg-cuda-e2e-") as tmp:
         site = Path(tmp) / "site"
         install(wheels[0], site)
         if not args.no_tests:
             report["tests"] = run_tests(site, args.out)
             print(json.dumps({"tests": report["tests"]}), flush=True)
+            save()
         if not args.no_bench:
             work = Path(tmp) / "bench"
             work.mkdir()
+            report["bench"] = {}
             try:
-                report["bench"] = bench(site, work, args.repeat)
+                bench(site, work, args.repeat, report["bench"], save)  # type: ignore[arg-type]
             except Exception as exc:  # recorded, and the run fails below
                 report["bench_error"] = f"{type(exc).__name__}: {exc}"
-    (args.out / "cuda-e2e.json").write_text(json.dumps(report, indent=1))
+    save()
     print(json.dumps(report, indent=1))
     tests = report.get("tests")
     failed = isinstance(tests, dict) and (tests["returncode"] != 0 or tests["passed"] == 0)

@@ -101,8 +101,10 @@ class LoadedGraph:
         self._rows: dict[str, Mapping[str, Any]] = {row["fqn"]: row for row in stored.constants}
         index = -1 if self.device.type == "cpu" else int(self.device.index)
         try:
+            # (path, entry, run_single_threaded, num_runners, device_index): positional, the
+            # form torch 2.11 and 2.15 share (2.15 adds use_stream_affinity, default False).
             self._loader = torch._C._aoti.AOTIModelPackageLoader(
-                os.fspath(stored.package_path), stored.graph_class, False, 1, index, False
+                os.fspath(stored.package_path), stored.graph_class, False, 1, index
             )
         except Exception as exc:
             raise BindingError(
@@ -160,7 +162,9 @@ class LoadedGraph:
         bound = {fqn: _check(fqn, named[fqn], self._rows[fqn], self.device) for fqn in wanted}
         bound.update(self._literals)
         # Folded ("computed") constants are recomputed by the package from what is bound.
-        self._loader.load_constants(bound, False, True, False, False)
+        # (constants, use_inactive=False, check_full_update=True): the positional form both
+        # torch 2.11 and 2.15 accept; user_managed and allow_h2d_copy keep their False defaults.
+        self._loader.load_constants(bound, False, True)
         self._bound = bound
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
