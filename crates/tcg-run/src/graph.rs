@@ -360,6 +360,10 @@ impl Graph {
     pub fn input_facts(&self) -> Option<&[InputFact]> {
         self.input_facts.as_deref()
     }
+    /// The canonical directory libtorch was loaded from.
+    pub fn torch_dir(&self) -> &Path {
+        self.torch.dir()
+    }
     /// The container's constants in index order.
     pub fn constants(&self) -> &[ContainerConstant] {
         &self.constants
@@ -615,11 +619,12 @@ fn check_fact(i: usize, input: &Input, fact: &InputFact) -> Result<()> {
         )));
     }
     for (k, (&size, dim)) in input.shape.iter().zip(&fact.dims).enumerate() {
-        let ok = match *dim {
-            Dim::Static(v) => size == v,
-            Dim::Range(lo, hi) => lo.is_none_or(|lo| size >= lo) && hi.is_none_or(|hi| size <= hi),
-        };
-        if !ok {
+        // Only static sizes are checked here: a symbolic size's bounds in the
+        // wrapper come from inductor's shape environment, whose lower bound can
+        // be stricter than the exported range (it assumes sizes 0 and 1 are
+        // specialised away). The caller checks bounds against the call
+        // ingress when the artifact has one, else against these.
+        if matches!(*dim, Dim::Static(v) if v != size) {
             return Err(mismatch(format!(
                 "dimension {k} is {size}, the graph accepts {dim:?}"
             )));

@@ -1,0 +1,305 @@
+"""The native load path (``StoredCompiledGraph.load_native``): the reference
+artifact (with folded constants) run without torch, every refusal with its
+code, rebind, and a real dynamic-batch graph with its call ingress."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from torch_compiled_graphs import Engine, StoredCompiledGraph
+from torch_compiled_graphs.errors import BindingError
+from torch_compiled_graphs.native import NativeGraph, find_torch_lib
+
+from .conftest import ROOT, TESTDATA
+
+FIXTURE = TESTDATA / "reference-0.2.0"
+KEY = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004ba1cd363a"
+WEIGHTS = FIXTURE / "mlp-cpu.weights.safetensors"
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> StoredCompiledGraph:
+    root = tmp_path_factory.mktemp("native")
+    engine = Engine(root / "store")
+    engine.import_artifact(KEY, FIXTURE / "mlp-cpu.tar.gz")
+    found = engine.resolve(KEY, root / "graph")
+    assert found is not None
+    return found
+
+
+@pytest.fixture(scope="module")
+def native(graph: StoredCompiledGraph) -> NativeGraph:
+    return graph.load_native(WEIGHTS)
+
+
+@pytest.fixture(scope="module")
+def io() -> dict[str, np.ndarray]:
+    return load_file(FIXTURE / "mlp-cpu.io.safetensors")
+
+
+def refused(code: str, call: Any, *args: Any, **kwargs: Any) -> BindingError:
+    with pytest.raises(BindingError) as e:
+        call(*args, **kwargs)
+    assert e.value.code == code, str(e.value)
+    return e.value
+
+
+def restated(graph: StoredCompiledGraph, metadata: dict[str, Any]) -> StoredCompiledGraph:
+    """The same unpacked artifact described by edited metadata."""
+    return StoredCompiledGraph(graph.key, graph.path, metadata, graph.manifest)
+
+
+def weights_with(tmp_path: Path, **changes: np.ndarray | None) -> Path:
+    tensors = load_file(WEIGHTS)
+    for name, value in changes.items():
+        name = name.replace("__", ".")
+        if value is None:
+            del tensors[name]
+        else:
+            tensors[name] = value
+    path = tmp_path / "weights.safetensors"
+    save_file(tensors, path)
+    return path
+
+
+def test_the_reference_artifact_runs_natively_and_matches_its_expected_output(
+    graph: StoredCompiledGraph, native: NativeGraph, io: dict[str, np.ndarray]
+) -> None:
+    assert any(row["source"] == "computed" for row in graph.constants)
+    assert native.constant_fqns == ["l1.weight", "l2.weight", "l1.bias", "l2.bias"]
+    out = native(io["x"])
+    y = np.asarray(out)
+    assert y.dtype == np.float32 and y.shape == (4, 8)
+    np.testing.assert_allclose(y, io["y"], rtol=1e-5, atol=1e-6)
+    # A zero-copy view: the array's memory is the output's, and the array keeps it alive.
+    assert y.__array_interface__["data"][0] == out.__array_interface__["data"][0]
+    del out
+    np.testing.assert_allclose(y, io["y"], rtol=1e-5, atol=1e-6)
+    # The same call through keywords-free positional args and a memoryview-backed buffer.
+    x = bytearray(io["x"].tobytes())
+    view = memoryview(x).cast("B").cast("f", shape=[4, 16])
+    np.testing.assert_allclose(np.asarray(native(view)), io["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_loading_natively_never_imports_torch(graph: StoredCompiledGraph) -> None:
+    code = f"""
+        import sys
+        import numpy as np
+        from safetensors.numpy import load_file
+        from torch_compiled_graphs import Engine
+        g = Engine({str(graph.path.parent / "store")!r}).resolve({KEY!r}, {str(graph.path.parent / "fresh")!r})
+        m = g.load_native({str(WEIGHTS)!r})
+        io = load_file({str(FIXTURE / "mlp-cpu.io.safetensors")!r})
+        y = np.asarray(m(io["x"]))
+        assert np.abs(y - io["y"]).max() < 1e-5
+        assert "torch" not in sys.modules, sorted(k for k in sys.modules if k.startswith("torch."))
+        print("ok")
+        """
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_rebind_after_a_weight_change_changes_the_output(
+    graph: StoredCompiledGraph, io: dict[str, np.ndarray], tmp_path: Path
+) -> None:
+    native = graph.load_native(WEIGHTS)
+    before = np.asarray(native(io["x"])).copy()
+    w = load_file(WEIGHTS)
+    changed = weights_with(tmp_path, l2__bias=w["l2.bias"] + 1.0, l1__weight=w["l1.weight"] * -0.5)
+    native.rebind(changed)
+    after = np.asarray(native(io["x"]))
+    # Recompute the MLP in numpy: the folded (transposed) weights must follow the rebind.
+    h = np.maximum(io["x"] @ (w["l1.weight"] * -0.5).T + w["l1.bias"], 0)
+    np.testing.assert_allclose(after, h @ w["l2.weight"].T + w["l2.bias"] + 1.0, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(after, before)
+    native.rebind(WEIGHTS)
+    np.testing.assert_allclose(np.asarray(native(io["x"])), before, rtol=0, atol=0)
+
+
+def test_missing_extra_and_mismatched_constants_are_refused(graph: StoredCompiledGraph, tmp_path: Path) -> None:
+    w = load_file(WEIGHTS)
+    e = refused("run.constant_missing", graph.load_native, weights_with(tmp_path, l2__bias=None))
+    assert "l2.bias" in str(e)
+    e = refused(
+        "run.constant_unexpected", graph.load_native, weights_with(tmp_path, l3__weight=np.zeros(2, np.float32))
+    )
+    assert "l3.weight" in str(e)
+    refused(
+        "run.constant_mismatch", graph.load_native, weights_with(tmp_path, l1__bias=w["l1.bias"].astype(np.float64))
+    )
+    refused("run.constant_mismatch", graph.load_native, weights_with(tmp_path, l1__bias=np.zeros(31, np.float32)))
+    (tmp_path / "garbage.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
+    refused("run.weights_invalid", graph.load_native, tmp_path / "garbage.safetensors")
+    refused("run.weights_invalid", graph.load_native, tmp_path / "absent.safetensors")
+
+
+def test_rebind_refuses_with_the_same_checks_and_keeps_the_old_weights(
+    native: NativeGraph, io: dict[str, np.ndarray], tmp_path: Path
+) -> None:
+    refused("run.constant_missing", native.rebind, weights_with(tmp_path, l1__weight=None))
+    np.testing.assert_allclose(np.asarray(native(io["x"])), io["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_wrong_inputs_are_refused_before_the_graph_runs(native: NativeGraph, io: dict[str, np.ndarray]) -> None:
+    x = io["x"]
+    refused("run.input_mismatch", native, x.astype(np.float64))
+    refused("run.input_mismatch", native, x.astype(np.int32))
+    refused("run.input_mismatch", native, x.reshape(64))
+    refused("run.input_mismatch", native, np.zeros((5, 16), np.float32))
+    refused("run.input_layout", native, np.asfortranarray(x))
+    refused("run.input_layout", native, np.zeros((4, 32), np.float32)[:, ::2])
+    refused("run.input_mismatch", native, np.zeros((4, 16), np.complex64))
+
+
+def test_a_call_outside_the_convention_is_refused(native: NativeGraph, io: dict[str, np.ndarray]) -> None:
+    x = io["x"]
+    e = refused("run.call_invalid", native, x, x)
+    assert "tuple of 1" in str(e)
+    refused("run.call_invalid", native, x, extra=x)
+    refused("run.call_invalid", native)
+    refused("run.call_invalid", native, None)
+
+
+def test_a_missing_torch_lib_directory_is_refused(graph: StoredCompiledGraph, tmp_path: Path) -> None:
+    refused("run.torch_not_found", graph.load_native, WEIGHTS, torch_lib=tmp_path)
+    refused("run.torch_not_found", find_torch_lib, tmp_path / "absent")
+    # Without torch on the path, the package's own search finds nothing.
+    code = f"""
+        import sys
+        sys.path = [p for p in sys.path if "site-packages" not in p] + [{str(ROOT / "python")!r}]
+        from torch_compiled_graphs.native import find_torch_lib
+        from torch_compiled_graphs.errors import BindingError
+        try:
+            find_torch_lib()
+        except BindingError as e:
+            print(e.code)
+        """
+    out = subprocess.run([sys.executable, "-S", "-c", textwrap.dedent(code)], capture_output=True, text=True)
+    assert out.stdout.strip() == "run.torch_not_found", out.stderr
+
+
+def test_the_installed_torch_is_checked_against_the_recorded_digest(graph: StoredCompiledGraph) -> None:
+    from torch_compiled_graphs.toolchain import _distributions, _record_digest
+
+    assert graph.load_native(WEIGHTS).torch_check == "not recorded"  # the reference records no digest
+    installed = _record_digest(_distributions()["torch"])
+    ok = copy.deepcopy(graph.metadata)
+    ok["toolchain"]["torch"] = installed
+    assert restated(graph, ok).load_native(WEIGHTS).torch_check == "record digest"
+    other = copy.deepcopy(graph.metadata)
+    other["toolchain"]["torch"] = "0123456789abcdef"
+    refused(
+        "run.torch_mismatch", StoredCompiledGraph(graph.key, graph.path, other, graph.manifest).load_native, WEIGHTS
+    )
+
+
+def test_a_package_that_disagrees_with_its_metadata_is_refused(graph: StoredCompiledGraph) -> None:
+    dropped = copy.deepcopy(graph.metadata)
+    dropped["graph_class"]["constants"] = dropped["graph_class"]["constants"][1:]
+    refused("run.package_invalid", restated(graph, dropped).load_native, WEIGHTS)
+    renamed = copy.deepcopy(graph.metadata)
+    renamed["graph_class"]["name"] = "model/other-entry"
+    refused(
+        "run.package_invalid", StoredCompiledGraph(graph.key, graph.path, renamed, graph.manifest).load_native, WEIGHTS
+    )
+    cuda = copy.deepcopy(graph.metadata)
+    cuda["sm"] = "sm_90"
+    refused(
+        "run.native_unsupported", StoredCompiledGraph(graph.key, graph.path, cuda, graph.manifest).load_native, WEIGHTS
+    )
+
+
+def with_ingress(graph: StoredCompiledGraph, shape: list[Any], symbols: dict[str, list[int]]) -> NativeGraph:
+    metadata = copy.deepcopy(graph.metadata)
+    metadata["graph_class"]["graph"]["pytree"]["ingress"] = {
+        "v": 1,
+        "parameters": ["x"],
+        "flat_arity": 1,
+        "inputs": [
+            {
+                "name": "x",
+                "position": 0,
+                "param": "x",
+                "param_position": 0,
+                "path": [],
+                "exported_name": "x",
+                "dtype": "float32",
+                "shape": shape,
+            }
+        ],
+        "symbols": symbols,
+        "excluded_inputs": [],
+    }
+    return restated(graph, metadata).load_native(WEIGHTS)
+
+
+def test_symbols_of_the_call_ingress_are_checked_for_range_and_consistency(
+    graph: StoredCompiledGraph, io: dict[str, np.ndarray]
+) -> None:
+    ranged = with_ingress(graph, ["S0", 16], {"S0": [2, 4]})
+    np.testing.assert_allclose(np.asarray(ranged(io["x"])), io["y"], rtol=1e-5, atol=1e-6)
+    e = refused("run.input_mismatch", ranged, np.zeros((1, 16), np.float32))
+    assert "S0 must be in [2, 4]" in str(e)
+    tied = with_ingress(graph, ["S0", "S0"], {"S0": [1, 16]})
+    e = refused("run.input_mismatch", tied, io["x"])
+    assert "S0 is 4 elsewhere" in str(e)
+
+
+def test_a_call_spec_with_an_unknown_node_type_is_refused() -> None:
+    from torch_compiled_graphs.native import _parse_spec
+
+    spec = '[1, {"type": "collections.namedtuple", "context": "{}", "children_spec": []}]'
+    refused("run.native_unsupported", _parse_spec, spec, "input")
+    refused("run.native_unsupported", _parse_spec, "[2, {}]", "input")
+    refused("run.native_unsupported", _parse_spec, "not json", "input")
+    nested = (
+        '[1, {"type": "builtins.tuple", "context": "null", "children_spec": ['
+        '{"type": "builtins.list", "context": "null", "children_spec": [{"type": null, "context": null, '
+        '"children_spec": []}]}, {"type": "builtins.dict", "context": "[\\"b\\", \\"a\\"]", "children_spec": ['
+        '{"type": null, "context": null, "children_spec": []}, {"type": null, "context": null, "children_spec": []}'
+        "]}]}]"
+    )
+    assert _parse_spec(nested, "input") == (
+        "tuple",
+        [("list", [("leaf",)]), ("dict", ["b", "a"], [("leaf",), ("leaf",)])],
+    )
+
+
+@pytest.mark.real_aoti
+def test_a_minted_dynamic_batch_graph_runs_natively_within_its_ingress(
+    demo_minted: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import demo
+
+    workdir, result = demo_minted
+    stored = Engine(workdir / "store").resolve(result["mint"]["key"], tmp_path / "graph")
+    assert stored is not None
+    assert stored.metadata["graph_class"]["graph"]["pytree"]["ingress"]["symbols"]
+    weights = workdir / "demo-small.weights.safetensors"
+    native = stored.load_native(weights)
+    assert native.torch_check == "record digest"
+    cfg = demo.SIZES["small"]
+    model = demo.build_model(cfg["dim"], cfg["heads"], cfg["hidden"])
+    from safetensors.torch import load_file as load_tensors
+
+    model.load_state_dict(load_tensors(weights))  # type: ignore[attr-defined]
+    for batch in (1, 7, 16):
+        x = np.random.default_rng(batch).standard_normal((batch, cfg["seq"], cfg["dim"]), dtype=np.float32)
+        with torch.no_grad():
+            expected = model(torch.from_numpy(x)).numpy()  # type: ignore[operator]
+        np.testing.assert_allclose(np.asarray(native(x)), expected, rtol=1e-4, atol=1e-4)
+    refused("run.input_mismatch", native, np.zeros((17, cfg["seq"], cfg["dim"]), np.float32))
+    refused("run.input_mismatch", native, np.zeros((2, cfg["seq"] + 1, cfg["dim"]), np.float32))
