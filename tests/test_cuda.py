@@ -134,6 +134,7 @@ def test_a_cuda_mint_is_code_only_with_cubins_for_the_target(minted: dict[str, A
     cubins = [e for e in elves if e["name"].endswith(".cubin")]
     shared = [e for e in elves if e["name"].endswith(".so")]
     assert cubins, "a CUDA package carries its kernels as cubin members"
+    print("ELF members:", json.dumps(elves))  # shown by cuda_e2e's -rA report
     want = int(device_sm().removeprefix("sm_").rstrip("a"))
     for cubin in cubins:
         assert cubin["e_machine"] == EM_CUDA
