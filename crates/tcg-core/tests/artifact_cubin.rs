@@ -57,6 +57,15 @@ fn cubins_built_for_the_artifacts_sm_verify() {
         &[("k.cubin", synthetic_cubin(8, 0x6006402))],
     );
     verify(&new_abi, "sm_100").unwrap();
+    // The header CUDA 13 writes for sm_90 (ELF ABI version 8), read off a real
+    // package minted on an H200.
+    let cuda13 = package(
+        &d.path().join("c").tap_mkdir(),
+        &[("k.cubin", synthetic_cubin(8, 0x9005a04))],
+    );
+    verify(&cuda13, "sm_90").unwrap();
+    let err = verify(&cuda13, "sm_100").unwrap_err();
+    assert_eq!(err.code(), Code::ArtifactCubinArchMismatch);
 }
 
 #[test]

@@ -3,8 +3,9 @@
 //!
 //! A cubin is an ELF64 little-endian file with `e_machine` 190 (EM_CUDA). Its
 //! SM number sits in `e_flags`: in the low byte up to ELF ABI version 7
-//! (sm_90 writes `0x5a055a`), in bits 8–15 from ABI version 8 on (sm_100
-//! writes `0x6006402`). The ABI version is `e_ident[EI_ABIVERSION]`. The
+//! (sm_90 from CUDA 12 writes `0x5a055a`), in bits 8–15 from ABI version 8 on
+//! (sm_90 from CUDA 13 writes `0x9005a04`, read off real packages minted on an
+//! H200; sm_100 writes `0x6006402`). The ABI version is `e_ident[EI_ABIVERSION]`. The
 //! architecture-specific `a` targets (`sm_90a`) are compared by SM number only.
 
 use super::elf::parse_elf;
