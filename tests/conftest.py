@@ -8,6 +8,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTDATA = ROOT / "testdata"
+#: The 0.2.0 reference artifact (CPU MLP with folded constants), its weights and io.
+REFERENCE = TESTDATA / "reference-0.2.0"
+REFERENCE_KEY = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004ba1cd363a"
+
+
+def resolve_reference(root: Path) -> Any:
+    """Import the reference artifact into a new store under ``root`` and resolve it there."""
+    from torch_compiled_graphs import Engine
+
+    engine = Engine(root / "store")
+    engine.import_artifact(REFERENCE_KEY, REFERENCE / "mlp-cpu.tar.gz")
+    found = engine.resolve(REFERENCE_KEY, root / "graph")
+    assert found is not None
+    return found
 
 
 @pytest.fixture(scope="session")

@@ -19,20 +19,16 @@ from torch_compiled_graphs import Engine, StoredCompiledGraph
 from torch_compiled_graphs.errors import BindingError
 from torch_compiled_graphs.native import NativeGraph, find_torch_lib
 
-from .conftest import ROOT, TESTDATA
+from .conftest import REFERENCE, REFERENCE_KEY, ROOT, resolve_reference
 
-FIXTURE = TESTDATA / "reference-0.2.0"
-KEY = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004ba1cd363a"
+FIXTURE = REFERENCE
+KEY = REFERENCE_KEY
 WEIGHTS = FIXTURE / "mlp-cpu.weights.safetensors"
 
 
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory: pytest.TempPathFactory) -> StoredCompiledGraph:
-    root = tmp_path_factory.mktemp("native")
-    engine = Engine(root / "store")
-    engine.import_artifact(KEY, FIXTURE / "mlp-cpu.tar.gz")
-    found = engine.resolve(KEY, root / "graph")
-    assert found is not None
+    found: StoredCompiledGraph = resolve_reference(tmp_path_factory.mktemp("native"))
     return found
 
 
