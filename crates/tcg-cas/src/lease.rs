@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -256,7 +256,14 @@ pub(crate) fn probe_lease(path: &Path) -> Result<LeaseState> {
         }
         return Ok(LeaseState::Reaped);
     }
-    let text = fs::read(path).map_err(io_err("read lease", path))?;
+    // Read through the descriptor just probed, not the path: a holder may end
+    // its lease (unlink the file, drop the lock) at any moment, and the pins
+    // read here then belong to a lease that was live when probed (keeping
+    // them one more pass is safe; failing the pass is not).
+    let mut text = Vec::new();
+    (&file)
+        .read_to_end(&mut text)
+        .map_err(io_err("read lease", path))?;
     let mut pins = Vec::new();
     for line in text.split(|b| *b == b'\n') {
         if let Some(d) = std::str::from_utf8(line).ok().and_then(Digest::from_hex) {
