@@ -124,6 +124,110 @@ impl Store {
         })
     }
 
+    /// Copy the file of `manifest` into `out` from offset 0 with the kernel's
+    /// copy (`copy_file_range` per chunk, read/write where it is refused), then
+    /// prove what was written: each chunk's range of `out` is read back and
+    /// hashed against the chunk's digest, so the bytes left in `out` are
+    /// exactly the verified ones. Bad stored bytes give the errors of the
+    /// verified reader ([`StoreError::is_bad_stored_bytes`]); `out` then holds
+    /// unproven bytes and the caller must discard it. Nothing is fsynced: for
+    /// derived destinations (a resolve's stage). Returns the file's length.
+    ///
+    /// The kernel copy avoids two user-space copies of every byte, which on
+    /// some hosts cost several times the hashing (`docs/benchmarks.md`).
+    pub fn copy_verified_into(
+        &self,
+        lease: &Lease,
+        manifest: &Digest,
+        out: &File,
+        out_path: &Path,
+    ) -> Result<u64> {
+        use std::os::unix::fs::FileExt;
+        let m = self.load_manifest(lease, manifest)?;
+        let ds: Vec<Digest> = m.chunks.iter().map(|c| c.digest).collect();
+        lease.pin(&ds)?;
+        let mut off = 0u64;
+        for c in &m.chunks {
+            let r = self.open_object_pinned(&c.digest, Some(c.len), false)?;
+            copy_one(
+                r.file(),
+                out,
+                c.len,
+                off,
+                out_path,
+                &self.object_path(&c.digest),
+                &c.digest,
+                false,
+            )?;
+            off += c.len;
+        }
+        // Hash the chunks back from `out`, spread over the host's cores.
+        let mut starts = Vec::with_capacity(m.chunks.len());
+        let mut at = 0u64;
+        for c in &m.chunks {
+            starts.push(at);
+            at += c.len;
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let workers = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .clamp(1, 8)
+            .min(m.chunks.len().max(1));
+        let check = |i: usize, buf: &mut [u8]| -> Result<()> {
+            let (c, off) = (&m.chunks[i], starts[i]);
+            let mut h = crate::digest::Hasher::default();
+            let mut done = 0u64;
+            while done < c.len {
+                let want = (c.len - done).min(buf.len() as u64) as usize;
+                let n = match out.read_at(&mut buf[..want], off + done) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(io_err("read back", out_path)(e)),
+                };
+                h.update(&buf[..n]);
+                done += n as u64;
+            }
+            if done != c.len {
+                return Err(StoreError::LengthMismatch {
+                    path: self.object_path(&c.digest),
+                    digest: c.digest.to_hex(),
+                    expected: c.len,
+                    actual: done,
+                });
+            }
+            let got = h.finish();
+            if got != c.digest {
+                return Err(StoreError::DigestMismatch {
+                    path: self.object_path(&c.digest),
+                    expected: c.digest.to_hex(),
+                    actual: got.to_hex(),
+                });
+            }
+            Ok(())
+        };
+        let work = || -> Result<()> {
+            let mut buf = vec![0u8; IO_BUF];
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= m.chunks.len() {
+                    return Ok(());
+                }
+                check(i, &mut buf)?;
+            }
+        };
+        std::thread::scope(|scope| {
+            let helpers: Vec<_> = (1..workers).map(|_| scope.spawn(work)).collect();
+            let mut result = work();
+            for h in helpers {
+                let r = h.join().expect("verification worker panicked");
+                result = result.and(r);
+            }
+            result
+        })?;
+        Ok(m.size)
+    }
+
     /// Stream through the verified reader on this thread (read + hash) while a
     /// scoped thread writes the temp, so hashing and writing overlap. A
     /// verification error discards the temp (the caller never publishes it).
@@ -210,6 +314,7 @@ impl Store {
                     tmp,
                     &self.object_path(&c.digest),
                     &c.digest,
+                    true,
                 )?;
             }
             off += c.len;
@@ -222,6 +327,7 @@ impl Store {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn copy_one(
     src: &File,
     out: &File,
@@ -230,9 +336,10 @@ fn copy_one(
     tmp: &Path,
     src_path: &Path,
     digest: &Digest,
+    writeback: bool,
 ) -> Result<()> {
-    // Copy in pieces and start writeback after each, so that the final fsync
-    // finds little left to write.
+    // Copy in pieces and (for a file that will be fsynced) start writeback
+    // after each, so that the final fsync finds little left to write.
     let mut copied = 0u64;
     let res = loop {
         if copied == len {
@@ -242,7 +349,9 @@ fn copy_one(
         match fsutil::copy_range(src, copied, out, piece, off + copied) {
             Ok(0) => break Ok(copied),
             Ok(n) => {
-                fsutil::start_writeback(out, off + copied, n);
+                if writeback {
+                    fsutil::start_writeback(out, off + copied, n);
+                }
                 copied += n;
             }
             Err(e) if copied == 0 => break Err(e),

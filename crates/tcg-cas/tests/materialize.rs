@@ -94,3 +94,78 @@ fn verified_materialize_of_a_corrupt_chunk_fails_typed_and_publishes_nothing() {
     assert!(!dest.exists());
     assert!(dir_entries(dir.path()).iter().all(|n| !n.starts_with('.')));
 }
+
+fn open_rw(path: &std::path::Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .unwrap()
+}
+
+#[test]
+fn a_verified_kernel_copy_writes_exactly_the_stored_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_store(&dir.path().join("s"));
+    let lease = store.lease().unwrap();
+    // Many chunks, so that the read-back verification spreads over workers.
+    let data = bytes(31, 100_000);
+    let info = store.ingest_reader(&lease, &data[..]).unwrap();
+    assert!(
+        store
+            .load_manifest(&lease, &info.manifest)
+            .unwrap()
+            .chunks
+            .len()
+            > 4
+    );
+    let dest = dir.path().join("out");
+    let n = store
+        .copy_verified_into(&lease, &info.manifest, &open_rw(&dest), &dest)
+        .unwrap();
+    assert_eq!(n, data.len() as u64);
+    assert_eq!(std::fs::read(&dest).unwrap(), data);
+    // An empty file copies to an empty file.
+    let empty = store.ingest_reader(&lease, &b""[..]).unwrap();
+    let dest = dir.path().join("empty");
+    assert_eq!(
+        store
+            .copy_verified_into(&lease, &empty.manifest, &open_rw(&dest), &dest)
+            .unwrap(),
+        0
+    );
+    assert_eq!(std::fs::metadata(&dest).unwrap().len(), 0);
+}
+
+#[test]
+fn a_verified_kernel_copy_of_a_corrupt_or_short_chunk_is_bad_stored_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_store(&dir.path().join("s"));
+    let lease = store.lease().unwrap();
+    let info = store.ingest_reader(&lease, &bytes(32, 60_000)[..]).unwrap();
+    let m = store.load_manifest(&lease, &info.manifest).unwrap();
+    let last = m.chunks.len() - 1;
+    // A flipped bit in the last chunk (the copy itself succeeds; the read-back catches it).
+    let p = store.object_path(&m.chunks[last].digest);
+    let mut bad = std::fs::read(&p).unwrap();
+    bad[7] ^= 0x40;
+    std::fs::remove_file(&p).unwrap();
+    std::fs::write(&p, &bad).unwrap();
+    let dest = dir.path().join("flipped");
+    let e = store
+        .copy_verified_into(&lease, &info.manifest, &open_rw(&dest), &dest)
+        .unwrap_err();
+    assert!(e.is_bad_stored_bytes(), "{e}");
+    assert_eq!(e.code(), "store.digest_mismatch");
+    // A truncated chunk.
+    let p = store.object_path(&m.chunks[1].digest);
+    let short = std::fs::read(&p).unwrap();
+    std::fs::remove_file(&p).unwrap();
+    std::fs::write(&p, &short[..short.len() - 1]).unwrap();
+    let dest = dir.path().join("short");
+    let e = store
+        .copy_verified_into(&lease, &info.manifest, &open_rw(&dest), &dest)
+        .unwrap_err();
+    assert!(e.is_bad_stored_bytes(), "{e}");
+}

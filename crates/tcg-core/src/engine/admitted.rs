@@ -51,22 +51,18 @@ enum Copy {
     Failed(Error),
 }
 
-/// Stream a stored file into a new stage file, hashing every chunk as it is
-/// read. The stage is derived data: it is not fsynced (SPEC-v1 §14 rule 4).
+/// Copy a stored file into a new stage file (the kernel's copy) and prove the
+/// bytes written, chunk by chunk, against their digests
+/// ([`tcg_cas::Store::copy_verified_into`]). The stage is derived data: it is
+/// not fsynced (SPEC-v1 §14 rule 4).
 fn copy_member(
     engine: &Engine,
     lease: &Lease,
     manifest: &Digest,
     dest: &Path,
-    buf: &mut [u8],
 ) -> std::result::Result<(), Copy> {
-    use std::io::{Read, Write};
-    let mut reader = match engine.store.open_file(lease, manifest, true) {
-        Ok(r) => r,
-        Err(e) if e.is_bad_stored_bytes() => return Err(Copy::Bad),
-        Err(e) => return Err(Copy::Failed(store_err(e))),
-    };
-    let mut out = std::fs::OpenOptions::new()
+    let out = std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
         .create_new(true)
         .open(dest)
@@ -76,23 +72,10 @@ fn copy_member(
                 &e,
             ))
         })?;
-    loop {
-        let n = match reader.read(buf) {
-            Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) => {
-                return Err(match tcg_cas::store_error_of(&e) {
-                    Some(se) if se.is_bad_stored_bytes() => Copy::Bad,
-                    _ => Copy::Failed(Error::io("cannot read the admitted copy", &e)),
-                })
-            }
-        };
-        out.write_all(&buf[..n]).map_err(|e| {
-            Copy::Failed(Error::io(
-                format_args!("cannot write {}", dest.display()),
-                &e,
-            ))
-        })?;
+    match engine.store.copy_verified_into(lease, manifest, &out, dest) {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_bad_stored_bytes() => Err(Copy::Bad),
+        Err(e) => Err(Copy::Failed(store_err(e))),
     }
 }
 
@@ -166,9 +149,8 @@ impl Engine {
         }
         prepare_directory_destination(destination)?;
         let stage = Temp::stage_dir(destination)?;
-        let mut buf = vec![0u8; 1 << 20];
         for (member, t) in &targets {
-            match copy_member(self, lease, &t.digest, &stage.path().join(member), &mut buf) {
+            match copy_member(self, lease, &t.digest, &stage.path().join(member)) {
                 Ok(()) => {}
                 Err(Copy::Bad) => {
                     self.drop_admitted(key, m);
