@@ -157,6 +157,25 @@ def test_wrong_inputs_are_refused_before_the_graph_runs(native: NativeGraph, io:
     refused("run.input_mismatch", native, np.zeros((4, 16), np.complex64))
 
 
+def test_a_buffer_protocol_input_runs_and_is_pinned_during_the_call(
+    native: NativeGraph, io: dict[str, np.ndarray]
+) -> None:
+    from torch_compiled_graphs.native import _buffer
+
+    x = np.ascontiguousarray(io["x"], dtype=np.float32)
+    raw = bytearray(x.tobytes())
+    with memoryview(raw) as base, base.cast("f", x.shape) as view:  # a plain buffer, no __array_interface__
+        np.testing.assert_allclose(np.asarray(native(view)), io["y"], rtol=1e-5, atol=1e-6)
+    # What the call holds while the graph runs (the GIL released) pins the buffer:
+    # the bytearray cannot be resized or freed under the graph.
+    _address, nbytes, dtype, shape, keep = _buffer("x", raw)
+    assert (nbytes, dtype, shape) == (len(raw), "uint8", [len(raw)])
+    with pytest.raises(BufferError):
+        raw.extend(b"\0" * 4096)
+    del keep
+    raw.extend(b"\0" * 4096)
+
+
 def test_a_call_outside_the_convention_is_refused(native: NativeGraph, io: dict[str, np.ndarray]) -> None:
     x = io["x"]
     e = refused("run.call_invalid", native, x, x)

@@ -239,9 +239,15 @@ def _c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int]]:
-    """``(address, nbytes, dtype, shape)`` of a C-contiguous CPU buffer."""
+def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int], object]:
+    """``(address, nbytes, dtype, shape, keep)`` of a C-contiguous CPU buffer.
+
+    ``keep`` must be held until the run returns: for a buffer-protocol object
+    it is the exported view, which stops the object from being resized or
+    freed (by another thread while the run has released the GIL).
+    """
     layout = "run.input_layout"
+    keep: object = value
     iface = getattr(value, "__array_interface__", None)
     if iface is not None:
         typestr = str(iface.get("typestr", ""))
@@ -260,6 +266,7 @@ def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int]]:
             raise BindingError(f"input {path} has a mask or an offset", layout)
     else:
         view = memoryview(value)
+        keep = view
         fmt = view.format.lstrip("@=<")
         if fmt not in _FORMAT or (fmt == "l" and view.itemsize != 8):
             raise BindingError(
@@ -280,7 +287,7 @@ def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int]]:
         nbytes *= d
     if address % _SIZE[dtype]:
         raise BindingError(f"input {path} is not aligned to its {_SIZE[dtype]}-byte elements", layout)
-    return address, nbytes, dtype, shape
+    return address, nbytes, dtype, shape, keep
 
 
 class NativeGraph:
@@ -393,17 +400,19 @@ class NativeGraph:
                 f"the call holds {len(arrays)} arrays, the graph takes {self._model.num_inputs}", "run.call_invalid"
             )
         inputs = []
+        keep = []
         bound: dict[str, int] = {}
         for n, (position, path, value) in enumerate(arrays):
             expected = self._facts[n][0]
             if expected is not None and expected != position:
                 raise BindingError(f"argument {path} is an array where the graph takes none", "run.call_invalid")
-            address, nbytes, dtype, shape = _buffer(path, value)
+            address, nbytes, dtype, shape, held = _buffer(path, value)
             self._check(n, path, dtype, shape, bound)
             inputs.append((address, nbytes, dtype, shape))
-        # `arrays` keeps every input object alive until the run returns.
+            keep.append(held)
+        # `keep` holds every input object (or its exported view) until the run returns.
         outputs = self._model.run(inputs)
-        del arrays
+        del keep, arrays
         return _unflatten(self._out, iter(outputs))
 
     def __repr__(self) -> str:
