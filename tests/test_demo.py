@@ -28,6 +28,9 @@ def test_mint_once_then_reuse_from_fresh_processes_without_compiling(
     assert mint["outcome"] == "MINTED"
     assert reuse["resolve_without_torch"] is True
     assert float(reuse["max_abs_error"]) < 1e-4
+    native = first["native"]
+    assert native["without_torch"] is True
+    assert float(native["max_abs_error"]) < 1e-4
 
     second = run_demo(workdir)
     assert second["ok"] is True
