@@ -41,7 +41,7 @@ deps: $(VENV)/.deps-ready
 develop: deps
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --uv --quiet
 
-rust-checks:
+rust-checks: deps  # tcg-run's tests load libtorch from the venv
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 	cargo test --workspace --exclude tcg-py $(CARGO_TEST_FLAGS)
