@@ -5,31 +5,15 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use safetensors::{Dtype as StDtype, SafeTensors};
+use safetensors::SafeTensors;
+use tcg_core::artifact::literals::dtype_by_code;
 use tcg_core::{Code, Error, Result};
-
-/// Inductor's dtype name of a safetensors dtype; `None` for dtypes the native
-/// path does not bind.
-pub fn dtype_name(dtype: StDtype) -> Option<&'static str> {
-    Some(match dtype {
-        StDtype::F64 => "float64",
-        StDtype::F32 => "float32",
-        StDtype::F16 => "float16",
-        StDtype::BF16 => "bfloat16",
-        StDtype::I64 => "int64",
-        StDtype::I32 => "int32",
-        StDtype::I16 => "int16",
-        StDtype::I8 => "int8",
-        StDtype::U8 => "uint8",
-        StDtype::BOOL => "bool",
-        _ => return None,
-    })
-}
 
 /// One tensor of a mapped file: its dtype name, shape and where its bytes are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// Inductor's dtype name, or the safetensors name for an unsupported dtype.
+    /// Inductor's dtype name, or the lower-cased safetensors code for a dtype
+    /// inductor has no name for.
     pub dtype: String,
     /// The shape.
     pub shape: Vec<usize>,
@@ -85,9 +69,11 @@ impl Mapped {
         let base = self.map.as_ptr() as usize;
         let mut out = BTreeMap::new();
         for (name, view) in parsed.tensors() {
-            let dtype = match dtype_name(view.dtype()) {
-                Some(name) => name.to_owned(),
-                None => format!("{:?}", view.dtype()).to_lowercase(),
+            // Inductor's name through the artifact layer's one safetensors table.
+            let st_code = view.dtype().to_string();
+            let dtype = match dtype_by_code(&st_code) {
+                Some((name, _)) => name.to_owned(),
+                None => st_code.to_lowercase(),
             };
             let data = view.data();
             let numel = view
