@@ -96,7 +96,7 @@ def _torch_record_digest(torch_lib: str) -> str | None:
     """The toolchain digest (16 hex of SHA-256 of ``RECORD``) of the torch
     distribution that owns ``torch_lib``, as ``record_toolchain`` computes it;
     ``None`` when no distribution metadata sits beside the package."""
-    import hashlib
+    from .toolchain import record_digest
 
     site = os.path.dirname(os.path.dirname(os.path.realpath(torch_lib)))
     try:
@@ -111,7 +111,7 @@ def _torch_record_digest(torch_lib: str) -> str | None:
             record = f.read()
     except OSError:
         return None
-    return hashlib.sha256(record.encode("utf-8")).hexdigest()[:16]
+    return record_digest(record)
 
 
 def _check_torch(stored: StoredCompiledGraph, torch_lib: str) -> str:

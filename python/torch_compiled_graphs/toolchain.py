@@ -17,12 +17,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
-import subprocess
-from importlib import metadata
+from typing import TYPE_CHECKING
 
 from . import _native
 from .errors import DeclarationError
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 __all__ = ["ABSENT", "record_toolchain"]
 
@@ -41,6 +42,16 @@ def _normalise(name: str) -> str:
     return _NAME.sub("-", name).lower()
 
 
+def record_digest(record: str) -> str:
+    """The toolchain member digest of a distribution's ``RECORD`` text.
+
+    The one formula, shared with the native load path's torch check; this
+    module imports ``importlib.metadata`` and ``subprocess`` only when a block
+    is recorded, so that check stays cheap.
+    """
+    return _hex16(record.encode("utf-8"))
+
+
 def _record_digest(distribution: metadata.Distribution) -> str:
     name = _normalise(distribution.metadata["Name"] or "")
     record = distribution.read_text("RECORD")
@@ -49,10 +60,12 @@ def _record_digest(distribution: metadata.Distribution) -> str:
             f"installed distribution {name!r} has no RECORD file; cannot state the toolchain",
             "declaration.toolchain_invalid",
         )
-    return _hex16(record.encode("utf-8"))
+    return record_digest(record)
 
 
 def _distributions() -> dict[str, metadata.Distribution]:
+    from importlib import metadata
+
     found: dict[str, metadata.Distribution] = {}
     for distribution in metadata.distributions():
         raw = distribution.metadata["Name"]
@@ -69,6 +82,9 @@ def _cxx_command() -> str:
 
 
 def _cxx_digest() -> str:
+    import shutil
+    import subprocess
+
     command = _cxx_command()
     resolved = shutil.which(command)
     if resolved is None:
