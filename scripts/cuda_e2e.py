@@ -36,6 +36,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
+from bench import CHILD_ENV  # children run as installed code runs (bytecode caches on)
+
 ROOT = Path(__file__).resolve().parent.parent
 MEDIUM = {"dim": 1024, "heads": 16, "hidden": 4096, "seq": 256, "batch": 4}
 
@@ -128,7 +130,7 @@ CXX: list[str] = []
 
 
 def child_env(site: Path, cache: Path | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = dict(CHILD_ENV)
     if CXX:
         env["CXX"] = CXX[0]
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
