@@ -2,7 +2,7 @@
 //! inode with `objects/` (SPEC-v1 §9.8).
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -10,7 +10,7 @@ use crate::error::{io_err, Result, StoreError};
 use crate::fsutil;
 use crate::lease::Lease;
 use crate::object::IO_BUF;
-use crate::{Digest, Store};
+use crate::{Digest, Manifest, Store};
 
 /// How the bytes reached the destination.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +56,7 @@ fn reflink_unsupported(e: &io::Error) -> bool {
 impl Store {
     /// Write the file of manifest `manifest` to `dest`: a temp in `dest`'s
     /// directory (reflink per chunk where supported, else copy; or, with
-    /// `verify`, a verified stream), fsync, publish with `link` (an existing
+    /// `verify`, the verified kernel copy of [`Store::copy_verified_into`]), fsync, publish with `link` (an existing
     /// `dest` is `io.destination_occupied` and is left untouched), fsync the
     /// parent. Never hardlinks or symlinks into the store.
     pub fn materialize(
@@ -89,6 +89,7 @@ impl Store {
         lease.pin(&ds)?;
         let tmp = parent.join(format!(".{fname}.{}", fsutil::random_hex32()));
         let out = OpenOptions::new()
+            .read(true) // the verified copy reads back what it wrote
             .write(true)
             .create_new(true)
             .mode(0o644)
@@ -98,8 +99,7 @@ impl Store {
         let method = if m.chunks.is_empty() {
             MaterializeMethod::Empty
         } else if verify {
-            let r = self.open_file(lease, manifest, true)?;
-            self.verified_copy(r, &out, &tmp)?;
+            self.kernel_copy_verified(&m, &out, &tmp, true)?;
             MaterializeMethod::Verified
         } else {
             self.copy_chunks(&m.chunks, &out, &tmp)?
@@ -142,10 +142,24 @@ impl Store {
         out: &File,
         out_path: &Path,
     ) -> Result<u64> {
-        use std::os::unix::fs::FileExt;
         let m = self.load_manifest(lease, manifest)?;
         let ds: Vec<Digest> = m.chunks.iter().map(|c| c.digest).collect();
         lease.pin(&ds)?;
+        self.kernel_copy_verified(&m, out, out_path, false)?;
+        Ok(m.size)
+    }
+
+    /// The copy and read-back of [`Store::copy_verified_into`] for a loaded
+    /// manifest whose chunks are pinned; `writeback` starts writeback behind
+    /// the copy for a file that will be fsynced.
+    fn kernel_copy_verified(
+        &self,
+        m: &Manifest,
+        out: &File,
+        out_path: &Path,
+        writeback: bool,
+    ) -> Result<()> {
+        use std::os::unix::fs::FileExt;
         let mut off = 0u64;
         for c in &m.chunks {
             let r = self.open_object_pinned(&c.digest, Some(c.len), false)?;
@@ -157,7 +171,7 @@ impl Store {
                 out_path,
                 &self.object_path(&c.digest),
                 &c.digest,
-                false,
+                writeback,
             )?;
             off += c.len;
         }
@@ -224,49 +238,6 @@ impl Store {
                 result = result.and(r);
             }
             result
-        })?;
-        Ok(m.size)
-    }
-
-    /// Stream through the verified reader on this thread (read + hash) while a
-    /// scoped thread writes the temp, so hashing and writing overlap. A
-    /// verification error discards the temp (the caller never publishes it).
-    fn verified_copy(&self, mut r: crate::ChunkedReader<'_>, out: &File, tmp: &Path) -> Result<()> {
-        std::thread::scope(|scope| {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
-            let (btx, brx) = std::sync::mpsc::sync_channel::<Vec<u8>>(6);
-            let writer = scope.spawn(move || -> Result<()> {
-                let mut w: &File = out;
-                let mut written = 0u64;
-                for buf in rx {
-                    w.write_all(&buf).map_err(io_err("write", tmp))?;
-                    let before = written;
-                    written += buf.len() as u64;
-                    if before / WRITEBACK_PIECE != written / WRITEBACK_PIECE {
-                        let end = written / WRITEBACK_PIECE * WRITEBACK_PIECE;
-                        fsutil::start_writeback(out, end - WRITEBACK_PIECE, WRITEBACK_PIECE);
-                    }
-                    let _ = btx.try_send(buf);
-                }
-                Ok(())
-            });
-            let read_res = loop {
-                let mut buf = brx.try_recv().unwrap_or_default();
-                buf.resize(IO_BUF, 0);
-                let n = match r.read(&mut buf) {
-                    Ok(0) => break Ok(()),
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => break Err(StoreError::from_io(e, "read", self.objects_dir())),
-                };
-                buf.truncate(n);
-                if tx.send(buf).is_err() {
-                    break Ok(()); // the writer failed; its error is reported below
-                }
-            };
-            drop(tx);
-            let write_res = writer.join().expect("materialize writer panicked");
-            read_res.and(write_res)
         })
     }
 
