@@ -12,23 +12,8 @@ use tcg_core::artifact::literals::{payload_bytes, verify_payload, LiteralTensor}
 use tcg_core::artifact::{self, tar, ConstantRow, ConstantSource, Metadata, MAX_ARCHIVE_BYTES};
 use tcg_core::{Code, Kind};
 
-fn corpus(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/adversarial")
-        .join(name)
-}
-
-fn reference() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/reference-0.2.0/mlp-cpu.tar.gz")
-}
-
-fn gunzip(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(bytes)
-        .read_to_end(&mut out)
-        .unwrap();
-    out
-}
+mod common;
+use common::{corpus, gunzip, reference};
 
 fn accept() -> impl FnMut(&Metadata) -> tcg_core::Result<()> {
     |_| Ok(())

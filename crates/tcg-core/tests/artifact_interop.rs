@@ -2,7 +2,6 @@
 //! envelope inspects, verifies and admits here, and re-packing its members
 //! with this writer yields the identical tar stream and metadata bytes.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use tcg_core::artifact::{self, METADATA_MEMBER, PACKAGE_MEMBER};
@@ -11,10 +10,6 @@ use tcg_core::Code;
 
 fn reference_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/reference-0.2.0")
-}
-
-fn reference() -> PathBuf {
-    reference_dir().join("mlp-cpu.tar.gz")
 }
 
 fn description() -> tcg_cj::Map {
@@ -26,12 +21,11 @@ fn description() -> tcg_cj::Map {
         .clone()
 }
 
+mod common;
+use common::reference;
+
 fn gunzip(path: &Path) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
-        .read_to_end(&mut out)
-        .unwrap();
-    out
+    common::gunzip(&std::fs::read(path).unwrap())
 }
 
 #[test]

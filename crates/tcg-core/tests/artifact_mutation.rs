@@ -3,30 +3,17 @@
 //! and leaves no stage behind. The parsers of untrusted bytes never panic on
 //! arbitrary input.
 
-use std::io::Read;
-use std::path::Path;
-
 use proptest::prelude::*;
 use tcg_core::artifact::gzip::GzipWriter;
 use tcg_core::artifact::package::{elf::parse_elf, wrapper::parse_wrapper};
 use tcg_core::artifact::{self, Metadata};
 use tcg_core::Kind;
 
-fn corpus(name: &str) -> Vec<u8> {
-    std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../testdata/adversarial")
-            .join(name),
-    )
-    .unwrap()
-}
+mod common;
+use common::gunzip;
 
-fn gunzip(bytes: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    flate2::read::GzDecoder::new(bytes)
-        .read_to_end(&mut out)
-        .unwrap();
-    out
+fn corpus(name: &str) -> Vec<u8> {
+    std::fs::read(common::corpus(name)).unwrap()
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {

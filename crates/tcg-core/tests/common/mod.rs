@@ -1,5 +1,6 @@
-//! Shared fixtures of the engine tests: the reference artifact minted by the
-//! original implementation (a real AOTInductor CPU package) and variants of it.
+//! Shared fixtures of the engine and artifact tests: the reference artifact
+//! minted by the original implementation (a real AOTInductor CPU package),
+//! variants of it, and the adversarial corpus.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -20,6 +21,22 @@ pub const KEY: &str = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004
 
 pub fn reference() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/reference-0.2.0/mlp-cpu.tar.gz")
+}
+
+/// A file of the adversarial corpus (`testdata/adversarial`).
+pub fn corpus(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/adversarial")
+        .join(name)
+}
+
+/// The decompressed bytes of a gzip stream.
+pub fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
 }
 
 /// The reference envelope's members, read with the system `tar`.
