@@ -265,10 +265,7 @@ fn ensure_reuses_without_minting_and_refuses_runtime_mismatches_without_minting(
     let e = engine(d.path());
     e.import_artifact(KEY, &reference()).unwrap();
     let calls = Cell::new(0);
-    let mut mint = || {
-        calls.set(calls.get() + 1);
-        Ok(reference_mint(d.path()))
-    };
+    let mut mint = counting_mint(&calls, d.path());
     let r = e
         .ensure(KEY, &d.path().join("a"), &request("cpu"), &mut mint)
         .unwrap();
@@ -297,10 +294,7 @@ fn ensure_mints_once_on_a_miss_and_then_reuses() {
     let d = tempfile::tempdir().unwrap();
     let e = engine(d.path());
     let calls = Cell::new(0);
-    let mut mint = || {
-        calls.set(calls.get() + 1);
-        Ok(reference_mint(d.path()))
-    };
+    let mut mint = counting_mint(&calls, d.path());
     let r = e
         .ensure(KEY, &d.path().join("a"), &request("cpu"), &mut mint)
         .unwrap();
@@ -334,10 +328,7 @@ fn a_corrupt_record_is_a_miss_for_ensure_which_repairs_it_by_minting() {
     e.import_artifact(KEY, &reference()).unwrap();
     corrupt_objects(&d.path().join("store"), 4096);
     let calls = Cell::new(0);
-    let mut mint = || {
-        calls.set(calls.get() + 1);
-        Ok(reference_mint(d.path()))
-    };
+    let mut mint = counting_mint(&calls, d.path());
     let r = e
         .ensure(KEY, &d.path().join("a"), &request("cpu"), &mut mint)
         .unwrap();

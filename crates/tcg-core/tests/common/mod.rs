@@ -23,6 +23,18 @@ pub fn reference() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/reference-0.2.0/mlp-cpu.tar.gz")
 }
 
+/// A mint callback that counts its calls in `calls` and returns the reference
+/// artifact's parts (written under `dir`).
+pub fn counting_mint<'a>(
+    calls: &'a std::cell::Cell<u32>,
+    dir: &'a Path,
+) -> impl FnMut() -> tcg_core::Result<MintOutput> + 'a {
+    move || {
+        calls.set(calls.get() + 1);
+        Ok(reference_mint(dir))
+    }
+}
+
 /// A file of the adversarial corpus (`testdata/adversarial`).
 pub fn corpus(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
