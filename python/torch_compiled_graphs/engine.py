@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .declaration import GraphClassSpec
     from .native import NativeGraph
     from .runner import LoadedGraph
+    from .store import LocalCAS
 
     StrPath: TypeAlias = str | os.PathLike[str]
     OutcomeT = TypeVar("OutcomeT", bound="_Outcome")
@@ -50,49 +51,70 @@ def default_store_root() -> Path:
 
 
 class _OutcomeType(type):
-    """A minimal enumeration: named singletons, iteration and lookup by value."""
+    """A minimal string enumeration: named singletons, iteration and lookup by value."""
 
     _members: tuple[_Outcome, ...]
 
     def __iter__(cls) -> Iterator[_Outcome]:
         return iter(cls._members)
 
-    def __call__(cls, value: str) -> _Outcome:
+    def __len__(cls) -> int:
+        return len(cls._members)
+
+    def __call__(cls, value: object) -> _Outcome:
         for member in cls._members:
-            if member.value == value:
+            if member is value or str.__eq__(member, value) is True:
                 return member
         raise ValueError(f"{value!r} is not a valid {cls.__name__}")
 
 
-class _Outcome(metaclass=_OutcomeType):
+class _Outcome(str, metaclass=_OutcomeType):
+    """A member is the ``str`` of its value (``"reused"``), as in 0.2.0.
+
+    It compares equal to, hashes like and serialises as that string; ``name``
+    is the upper-case member name and ``value`` the string itself.
+    """
+
     __slots__ = ("name",)
     name: str
     _members: tuple[_Outcome, ...] = ()
 
     @classmethod
-    def of(cls: type[OutcomeT], value: str) -> OutcomeT:
-        """The member whose value is ``value``."""
+    def of(cls: type[OutcomeT], name: str) -> OutcomeT:
+        """The member named ``name`` (``"REUSED"``), as the native engine spells it."""
         for member in cls._members:
-            if member.name == value and isinstance(member, cls):
+            if member.name == name and isinstance(member, cls):
                 return member
-        raise ValueError(f"{value!r} is not a valid {cls.__name__}")
+        raise ValueError(f"{name!r} is not a valid {cls.__name__} name")
 
     @property
     def value(self) -> str:
-        """The outcome's name, as the native engine spells it."""
-        return self.name
+        """The outcome's string value (``"reused"``)."""
+        return str.__str__(self)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__}.{self.name}>"
+        return f"<{type(self).__name__}.{self.name}: {str.__repr__(self)}>"
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(str.__str__(self), spec)
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (type(self), (self.name,))
+        return (type(self), (str.__str__(self),))
+
+    def __copy__(self) -> _Outcome:
+        return self
+
+    def __deepcopy__(self, memo: object) -> _Outcome:
+        return self
 
     @classmethod
     def _define(cls, *names: str) -> None:
         members = []
         for name in names:
-            member = object.__new__(cls)
+            member = str.__new__(cls, name.lower())
             object.__setattr__(member, "name", name)
             setattr(cls, name, member)
             members.append(member)
@@ -100,7 +122,13 @@ class _Outcome(metaclass=_OutcomeType):
 
 
 class StoreOutcome(_Outcome):
-    """What publication decided (first writer wins): STORED, PRESENT, REPAIRED or DIVERGENT."""
+    """What publication decided (first writer wins).
+
+    ``STORED`` (``"stored"``), ``PRESENT`` (``"present"``), ``REPAIRED``
+    (``"repaired"``) or ``DIVERGENT`` (``"divergent"``): a ``str`` enumeration,
+    so ``StoreOutcome("stored") is StoreOutcome.STORED`` and
+    ``StoreOutcome.STORED == "stored"``.
+    """
 
     __slots__ = ()
     STORED: StoreOutcome
@@ -110,7 +138,7 @@ class StoreOutcome(_Outcome):
 
 
 class EnsureOutcome(_Outcome):
-    """Whether ``ensure`` reused a stored artifact (REUSED) or minted one (MINTED)."""
+    """Whether ``ensure`` reused a stored artifact (``REUSED``, ``"reused"``) or minted one (``MINTED``, ``"minted"``)."""
 
     __slots__ = ()
     REUSED: EnsureOutcome
@@ -160,10 +188,12 @@ class StoreResult(_Record):
 
 
 class StoredCompiledGraph(_Record):
-    """A verified, admitted compiled graph unpacked at :attr:`path`.
+    """A verified, admitted compiled graph unpacked at :attr:`directory`.
 
-    ``path`` holds ``metadata.json``, ``model.pt2`` and, when the graph has
-    literal constants, ``constants.safetensors``.
+    ``directory`` holds ``metadata.json``, ``model.pt2`` (:attr:`package`) and,
+    when the graph has literal constants, ``constants.safetensors``
+    (:attr:`literals`). These are the 0.2.0 names; ``path`` and
+    ``package_path`` are kept as aliases of ``directory`` and ``package``.
     """
 
     __slots__ = ("_path", "key", "manifest", "metadata")
@@ -176,16 +206,38 @@ class StoredCompiledGraph(_Record):
         self._set(key=key, _path=os.fspath(path), metadata=metadata, manifest=manifest)
 
     def __repr__(self) -> str:
-        return f"StoredCompiledGraph(key={self.key!r}, path={self._path!r})"
+        return f"StoredCompiledGraph(key={self.key!r}, directory={self._path!r})"
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> StoredCompiledGraph:
         return cls(d["key"], d["destination"], d["metadata"], d["manifest"])
 
     @property
-    def path(self) -> Path:
+    def directory(self) -> Path:
         """The directory the artifact was published at."""
         return _path(self._path)
+
+    @property
+    def path(self) -> Path:
+        """Alias of :attr:`directory`."""
+        return _path(self._path)
+
+    @property
+    def package(self) -> Path:
+        """The AOTInductor package, ``directory / "model.pt2"``."""
+        return _path(os.path.join(self._path, "model.pt2"))
+
+    @property
+    def package_path(self) -> Path:
+        """Alias of :attr:`package`."""
+        return self.package
+
+    @property
+    def literals(self) -> Path | None:
+        """``directory / "constants.safetensors"`` when the graph has literal constants, else ``None``."""
+        if any(row.get("source") == "literal" for row in self.metadata["graph_class"]["constants"]):
+            return _path(os.path.join(self._path, "constants.safetensors"))
+        return None
 
     @property
     def graph_class(self) -> str:
@@ -196,11 +248,6 @@ class StoredCompiledGraph(_Record):
     def sm(self) -> str:
         """The ``sm`` axis the artifact was compiled for."""
         return str(self.metadata["sm"])
-
-    @property
-    def package_path(self) -> Path:
-        """The AOTInductor package."""
-        return _path(os.path.join(self._path, "model.pt2"))
 
     def load(self, weights: object, *, device: object = None) -> LoadedGraph:
         """Load this graph and bind ``weights`` (an ``nn.Module`` or a state_dict); imports torch.
@@ -233,29 +280,68 @@ class StoredCompiledGraph(_Record):
 
 
 class EnsureResult(_Record):
-    """What :meth:`Engine.ensure` did and what it resolved."""
+    """What :meth:`Engine.ensure` did (:attr:`outcome`) and what it resolved (:attr:`compiled_graph`).
 
-    __slots__ = ("graph", "outcome", "publication")
+    ``publication`` is the :class:`StoreResult` of the mint (``None`` on a
+    hit); ``graph`` is kept as an alias of ``compiled_graph``.
+    """
+
+    __slots__ = ("compiled_graph", "outcome", "publication")
     outcome: EnsureOutcome
-    graph: StoredCompiledGraph
+    compiled_graph: StoredCompiledGraph
     publication: StoreResult | None
 
-    def __init__(self, outcome: EnsureOutcome, graph: StoredCompiledGraph, publication: StoreResult | None) -> None:
-        self._set(outcome=outcome, graph=graph, publication=publication)
+    def __init__(
+        self, outcome: EnsureOutcome, compiled_graph: StoredCompiledGraph, publication: StoreResult | None = None
+    ) -> None:
+        self._set(outcome=outcome, compiled_graph=compiled_graph, publication=publication)
+
+    @property
+    def graph(self) -> StoredCompiledGraph:
+        """Alias of :attr:`compiled_graph`."""
+        return self.compiled_graph
 
     def __repr__(self) -> str:
-        return f"EnsureResult(outcome={self.outcome!r}, graph={self.graph!r}, publication={self.publication!r})"
+        return (
+            f"EnsureResult(outcome={self.outcome!r}, compiled_graph={self.compiled_graph!r}, "
+            f"publication={self.publication!r})"
+        )
+
+
+def _store_root(store: object) -> str:
+    """The root of ``store``: a ``LocalCAS``, a path, or ``None`` for the default root."""
+    if store is None:
+        return os.fspath(default_store_root())
+    if isinstance(store, (str, os.PathLike)):
+        return os.fspath(store)
+    from .store import LocalCAS
+
+    if isinstance(store, LocalCAS):
+        return str(store._native.root)
+    raise TypeError(f"Engine(store) takes a LocalCAS, a path or None, not {type(store).__qualname__}")
 
 
 class Engine:
     """Resolve compiled graphs from a local content-addressed store, minting on a miss.
 
-    ``root`` defaults to :func:`default_store_root`. ``lock_timeout`` bounds
-    how long ``ensure`` waits for another process minting the same key.
+    ``store`` is a :class:`~torch_compiled_graphs.LocalCAS`, a store root path,
+    or ``None`` for :func:`default_store_root` (``root=`` is accepted as a
+    keyword alias). ``lock_timeout`` bounds how long ``ensure`` waits for
+    another process minting the same key.
     """
 
-    def __init__(self, root: StrPath | None = None, *, lock_timeout: float | None = None) -> None:
-        self._native = _native.NativeEngine(os.fspath(root or default_store_root()), lock_timeout)
+    def __init__(
+        self,
+        store: LocalCAS | StrPath | None = None,
+        *,
+        lock_timeout: float | None = None,
+        root: StrPath | None = None,
+    ) -> None:
+        if root is not None:
+            if store is not None:
+                raise TypeError("Engine() takes a store or root=, not both")
+            store = root
+        self._native = _native.NativeEngine(_store_root(store), lock_timeout)
 
     @property
     def root(self) -> Path:

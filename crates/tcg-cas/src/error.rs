@@ -77,6 +77,14 @@ pub enum StoreError {
         /// What was found, for people.
         found: String,
     },
+    /// The root is a store of torch-compiled-graphs 0.2.0 (a HashRepo root:
+    /// `objects/sha256/` and `refs/` without `FORMAT`), which is not read in
+    /// place; its graphs are adopted into a new root (code `store.hashrepo_root`).
+    #[error("{path} is a torch-compiled-graphs 0.2.0 store (HashRepo layout), which this version does not open in place; adopt its graphs into a new store with `torch-compiled-graphs adopt --from-hashrepo {path} --cas-root NEW_ROOT` (the old root is only read)")]
+    HashRepoRoot {
+        /// The old root.
+        path: PathBuf,
+    },
     /// A manifest or ref record has an integer `format` other than 1: an
     /// unreadable format (SPEC-v1 §10.9), a miss for the engine
     /// (code `store.format_unsupported`).
@@ -158,6 +166,7 @@ impl StoreError {
                 "store.format_unsupported"
             }
             StoreError::ManifestInvalid { .. } => "store.manifest_invalid",
+            StoreError::HashRepoRoot { .. } => "store.hashrepo_root",
             StoreError::NetworkFilesystem { .. } => "store.network_filesystem",
             StoreError::GcAborted { .. } => "store.gc_aborted",
             StoreError::MintLockTimeout { .. } => "store.mint_lock_timeout",

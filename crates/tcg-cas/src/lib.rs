@@ -201,6 +201,14 @@ impl Store {
     }
 }
 
+/// Whether `root` looks like a store of torch-compiled-graphs 0.2.0 (a
+/// HashRepo root): `objects/sha256/` and `refs/` directories (not links) and
+/// no `FORMAT`.
+pub fn is_hashrepo_root(root: &Path) -> bool {
+    let dir = |p: &str| fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.is_dir());
+    dir("objects") && dir("objects/sha256") && dir("refs") && fs::symlink_metadata(root.join("FORMAT")).is_err()
+}
+
 fn check_or_init_format(root: &Path) -> Result<()> {
     let fpath = root.join("FORMAT");
     loop {
@@ -237,6 +245,11 @@ fn check_or_init_format(root: &Path) -> Result<()> {
             // A concurrent initialiser links FORMAT before creating anything else.
             if fs::symlink_metadata(&fpath).is_ok() {
                 continue;
+            }
+            if is_hashrepo_root(root) {
+                return Err(StoreError::HashRepoRoot {
+                    path: root.to_owned(),
+                });
             }
             return Err(StoreError::FormatUnsupported {
                 path: root.to_owned(),

@@ -60,6 +60,57 @@ fn store_root_gets_format_file_and_refuses_other_formats() {
 }
 
 #[test]
+fn a_store_of_0_2_0_is_recognised_refused_untouched_and_told_how_to_move_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old");
+    std::fs::create_dir(&old).unwrap();
+    let ok = std::process::Command::new("tar")
+        .arg("xzf")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/reference-0.2.0/hashrepo-store.tar.gz"
+        ))
+        .arg("-C")
+        .arg(&old)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let before = listing(&old);
+    assert!(tcg_cas::is_hashrepo_root(&old));
+    let e = Store::open(&old).unwrap_err();
+    assert_eq!(e.code(), "store.hashrepo_root");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("0.2.0") && msg.contains("adopt --from-hashrepo") && msg.contains("--cas-root"),
+        "{msg}"
+    );
+    assert_eq!(listing(&old), before, "the old root was modified");
+    // A root that merely has a refs/ directory is not taken for one.
+    let junk = dir.path().join("j");
+    std::fs::create_dir_all(junk.join("refs")).unwrap();
+    assert!(!tcg_cas::is_hashrepo_root(&junk));
+    assert_eq!(Store::open(&junk).unwrap_err().code(), "store.format_unsupported");
+}
+
+fn listing(root: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let md = e.metadata().unwrap();
+            if md.is_dir() {
+                stack.push(e.path());
+            }
+            out.push((e.path(), md.len()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
 fn put_reader_with_wrong_expected_digest_installs_nothing() {
     let (_d, store) = new_store();
     let lease = store.lease().unwrap();
@@ -257,6 +308,10 @@ fn error_codes_are_stable() {
                 reason: "r".into(),
             },
             "store.manifest_invalid",
+        ),
+        (
+            StoreError::HashRepoRoot { path: p.clone() },
+            "store.hashrepo_root",
         ),
         (
             StoreError::NetworkFilesystem {

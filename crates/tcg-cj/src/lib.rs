@@ -10,10 +10,12 @@
 #![deny(missing_docs)]
 
 mod float;
+mod pretty;
 mod reader;
 mod value;
 mod writer;
 
+pub use pretty::to_python_indented;
 pub use reader::{parse_strict, ParseError, MAX_DEPTH};
 pub use value::{Map, Value};
 pub use writer::{to_canonical, to_canonical_string, write_string, CjError, CjErrorCode};

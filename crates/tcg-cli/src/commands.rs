@@ -47,26 +47,26 @@ enum Command {
         /// The value to check.
         value: String,
     },
-    /// Show an artifact's metadata after a bounded scan of its first member.
+    /// Print an artifact's metadata as JSON after a bounded scan of its first member.
     Inspect {
         /// A compiled_graph.tar.gz envelope.
         artifact: PathBuf,
-        /// Print the whole report as one JSON object.
+        /// Print this project's canonical report object instead of the metadata.
         #[arg(long)]
         json: bool,
     },
-    /// Verify an artifact completely (exit 0 valid, 1 refused).
+    /// Verify an artifact completely and print its metadata as JSON (exit 0 valid, 1 refused).
     Verify {
         /// A compiled_graph.tar.gz envelope.
         artifact: PathBuf,
         /// Also admit it on this host (host ISA).
         #[arg(long)]
         host: bool,
-        /// Print a JSON report.
+        /// Print this project's canonical report object instead of the metadata.
         #[arg(long)]
         json: bool,
     },
-    /// Resolve a key into a directory (exit 1 on a miss or a quarantined record).
+    /// Resolve a key into a directory and print its metadata as JSON (exit 1 on a miss or a quarantined record).
     Resolve {
         #[command(flatten)]
         store: StoreArg,
@@ -74,7 +74,18 @@ enum Command {
         key: String,
         /// The directory to publish the unpacked artifact at.
         dest: PathBuf,
-        /// Print a JSON report.
+        /// Print this project's canonical report object instead of the metadata.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Import every graph of a torch-compiled-graphs 0.2.0 store (read only) into this store.
+    Adopt {
+        /// The root of the 0.2.0 store (a HashRepo root); it is never written.
+        #[arg(long = "from-hashrepo", value_name = "OLD_ROOT")]
+        from_hashrepo: PathBuf,
+        #[command(flatten)]
+        store: StoreArg,
+        /// Print one JSON object instead of a line per graph.
         #[arg(long)]
         json: bool,
     },
@@ -140,7 +151,7 @@ enum Command {
 }
 
 #[derive(Debug, clap::Args)]
-struct StoreArg {
+pub(crate) struct StoreArg {
     /// The store root [default: $XDG_CACHE_HOME/torch-compiled-graphs].
     #[arg(long = "cas-root", value_name = "DIR")]
     cas_root: Option<PathBuf>,
@@ -163,7 +174,23 @@ impl StoreArg {
     }
 }
 
-fn print_json(value: &Value) -> anyhow::Result<()> {
+/// The metadata as 0.2.0 printed it: `json.dumps(metadata, sort_keys=True, indent=2)`.
+fn print_metadata(md: &Value) -> anyhow::Result<()> {
+    print_line(&tcg_cj::to_python_indented(md, 2)?)
+}
+
+/// A one-line human summary, on stderr so that stdout stays the metadata.
+fn summary(md: &Metadata, what: &str) -> String {
+    format!(
+        "{what} {} ({}, sm {}, {} constants)",
+        md.key(),
+        md.name(),
+        md.sm(),
+        md.constants().len()
+    )
+}
+
+pub(crate) fn print_json(value: &Value) -> anyhow::Result<()> {
     print_line(&tcg_cj::to_canonical_string(value)?)
 }
 
@@ -255,7 +282,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                     .and_then(|r| r.get("metadata"))
                     .cloned()
                     .unwrap_or(Value::Null);
-                print_line(&tcg_cj::to_canonical_string(&md)?)?;
+                print_metadata(&md)?;
             }
             Ok(Outcome::Success)
         }
@@ -276,7 +303,18 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 "package_bytes".into(),
                 Value::Int(report.envelope.package_bytes as i64),
             );
-            print_report(&Value::Object(m), json)?;
+            if json {
+                print_json(&Value::Object(m))?;
+            } else {
+                let md = &report.envelope.metadata;
+                let admitted = if report.admitted.is_some() {
+                    ", admitted on this host"
+                } else {
+                    ""
+                };
+                eprintln!("{}{admitted}", summary(md, "verified"));
+                print_metadata(&Value::Object(md.value().clone()))?;
+            }
             Ok(Outcome::Success)
         }
         Command::Resolve {
@@ -297,7 +335,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                     if json {
                         print_json(&Value::Object(m))?;
                     } else {
-                        print_line(&r.destination.display().to_string())?;
+                        eprintln!(
+                            "{} at {}",
+                            summary(&r.metadata, "resolved"),
+                            r.destination.display()
+                        );
+                        print_metadata(&Value::Object(r.metadata.value().clone()))?;
                     }
                     Ok(Outcome::Success)
                 }
@@ -329,6 +372,11 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             print_report(&Value::Object(m), json)?;
             Ok(Outcome::Success)
         }
+        Command::Adopt {
+            from_hashrepo,
+            store,
+            json,
+        } => crate::adopt::run(&store.engine()?, &from_hashrepo, json),
         Command::Export { store, key, path } => {
             let out = store
                 .engine()?

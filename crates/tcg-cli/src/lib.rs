@@ -6,6 +6,7 @@
 //! followed by an optional `hint: …`.
 #![deny(missing_docs)]
 
+mod adopt;
 mod commands;
 mod output;
 

@@ -61,6 +61,9 @@ fn hint(err: &Error) -> Option<&'static str> {
         IdentityAxisIsKey => {
             Some("pass the class hash, the sm and the toolchain axis, not a whole key")
         }
+        StoreHashrepoRoot => Some(
+            "the old root stays as it is: adopt copies and verifies every graph into the new root",
+        ),
         DeclarationToolchainInvalid => {
             Some("a toolchain block is a JSON object of non-empty trimmed strings")
         }

@@ -161,6 +161,8 @@ codes! {
     StoreGcAborted => Storage, "store.gc_aborted";
     /// A manifest object breaks the manifest rules (evidence against stored bytes).
     StoreManifestInvalid => Storage, "store.manifest_invalid";
+    /// The root is a torch-compiled-graphs 0.2.0 (HashRepo) store: adopt it into a new root.
+    StoreHashrepoRoot => Storage, "store.hashrepo_root";
 
     QuarantinePresent => Quarantined, "quarantine.present";
     QuarantineExportVerification => Quarantined, "quarantine.export_verification";

@@ -8,9 +8,11 @@
 //! verifies, stores and resolves what it returns.
 
 mod admin;
+mod adopt;
 mod admitted;
 mod destination;
 mod export;
+pub mod hashrepo;
 mod mint;
 mod publish;
 mod quarantine;
@@ -26,6 +28,7 @@ use crate::identity::is_compiled_graph_key;
 use crate::{Code, Error, Result};
 
 pub use admin::Counter;
+pub use adopt::{AdoptEntry, AdoptStatus};
 pub use admitted::{admitted_ref, ADMITTED_REF_PREFIX};
 pub use mint::{MintOutput, MintedLiteral};
 

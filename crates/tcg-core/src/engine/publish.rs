@@ -152,7 +152,7 @@ impl Engine {
                             CasOutcome::Conflict(next) => current = next,
                         }
                     } else {
-                        self.quarantine(lease, key, &m, Code::QuarantineArtifactVerification)?;
+                        self.set_aside_divergent(lease, key, &m, &c.digest)?;
                         break StoreOutcome::Divergent;
                     }
                 }

@@ -44,6 +44,40 @@ impl Engine {
         manifest: &Digest,
         event: Code,
     ) -> Result<()> {
+        self.install_marker(lease, key, manifest)?;
+        self.count(super::Counter::Quarantine);
+        eprintln!(
+            "torch-compiled-graphs: quarantined {key} manifest {} ({event})",
+            manifest.to_hex()
+        );
+        Ok(())
+    }
+
+    /// Set a divergent candidate aside (SPEC-v1 §10.4): it gets a quarantine
+    /// marker so that it is never served, but nothing failed verification and
+    /// the record that serves the key is unchanged, which is what the log says.
+    pub(crate) fn set_aside_divergent(
+        &self,
+        lease: &Lease,
+        key: &str,
+        candidate: &Digest,
+        incumbent: &Digest,
+    ) -> Result<()> {
+        self.install_marker(lease, key, candidate)?;
+        // Its marker is still a quarantine marker, so stats count it as one.
+        self.count(super::Counter::Quarantine);
+        eprintln!(
+            "torch-compiled-graphs: {key} is already served by a different verified artifact \
+             (manifest {}); the divergent candidate (manifest {}) was set aside and the stored \
+             record is unchanged",
+            incumbent.to_hex(),
+            candidate.to_hex()
+        );
+        Ok(())
+    }
+
+    /// Install a new marker generation for (key, manifest).
+    fn install_marker(&self, lease: &Lease, key: &str, manifest: &Digest) -> Result<()> {
         let name = quarantine_ref(key, manifest);
         loop {
             let old = self.store.get_ref(&name).map_err(store_err)?;
@@ -59,11 +93,6 @@ impl Engine {
                 CasOutcome::Conflict(_) => continue,
             }
         }
-        self.count(super::Counter::Quarantine);
-        eprintln!(
-            "torch-compiled-graphs: quarantined {key} manifest {} ({event})",
-            manifest.to_hex()
-        );
         Ok(())
     }
 
