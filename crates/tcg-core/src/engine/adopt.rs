@@ -217,13 +217,20 @@ impl Engine {
         let lease = self.store.lease().map_err(store_err)?;
         let mut stream = EnvelopeStream::new(objects, &file);
         let ingested = self.ingest_verified(&lease, &mut stream, key, true);
-        // A failure of the old store's bytes explains whatever the envelope
-        // reader made of the interrupted stream.
-        if let Some(e) = stream.failure.take() {
+        // Proof that the old store's bytes are not what its manifest names
+        // explains whatever the envelope reader made of them, so a refusal
+        // reads the rest (bounded by the manifest's size) to find it.
+        let (rest, trailing) = stream.drain();
+        if let Some(e) = rest {
             return Err(e);
         }
         let (m, _report, stage) = ingested?;
-        stream.finish()?;
+        if trailing > 0 {
+            return Err(Error::new(
+                Code::ArtifactGzipTrailing,
+                format!("{trailing} bytes follow the envelope's gzip stream"),
+            ));
+        }
         let result = self.decide(&lease, key, m)?;
         self.after_publication(&lease, key, &m, &result, stage.path());
         lease.end().map_err(store_err)?;

@@ -452,28 +452,25 @@ impl<'a> EnvelopeStream<'a> {
         io::Error::other(msg)
     }
 
-    /// Read what is left (nothing, for a well-formed envelope) and return the
-    /// first failure: the whole-file digest is checked only at the end.
-    pub(crate) fn finish(mut self) -> Result<()> {
-        let mut rest = [0u8; 4096];
+    /// Read what is left (nothing, once a well-formed envelope was read to
+    /// its end) so that every part and the whole-file digest are checked;
+    /// returns the first failure and how many bytes were left.
+    pub(crate) fn drain(&mut self) -> (Option<Error>, u64) {
+        let mut rest = vec![0u8; 65_536];
         let mut trailing = 0u64;
         loop {
             match self.read(&mut rest) {
                 Ok(0) => break,
                 Ok(n) => trailing += n as u64,
-                Err(_) => break,
+                Err(e) => {
+                    if self.failure.is_none() {
+                        self.failure = Some(Error::io("cannot read the old store", &e));
+                    }
+                    break;
+                }
             }
         }
-        if let Some(e) = self.failure.take() {
-            return Err(e);
-        }
-        if trailing > 0 {
-            return Err(Error::new(
-                Code::ArtifactGzipTrailing,
-                format!("{trailing} bytes follow the envelope's gzip stream"),
-            ));
-        }
-        Ok(())
+        (self.failure.take(), trailing)
     }
 }
 
