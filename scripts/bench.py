@@ -294,7 +294,7 @@ def timed_compile(*args, **kwargs):
 policy.compile_package = timed_compile
 from pathlib import Path
 result = demo.mint(Path(sys.argv[1]), sys.argv[2])
-assert result["outcome"] == "MINTED", result
+assert result["outcome"] == "minted", result
 print(json.dumps({{"ensure_s": result["ensure_s"], "compile_s": sum(spent)}}))
 """
 

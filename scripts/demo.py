@@ -201,7 +201,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"mint": minted, "reuse": reused, "native": native, "ok": ok}))
     else:
-        compiled = minted["outcome"] == "MINTED"
+        compiled = minted["outcome"] == "minted"
         print(f"key                   {minted['key']}")
         print(f"ensure                {minted['outcome']}" + (" (compiled now)" if compiled else " (no compile)"))
         print(f"ensure time           {minted['ensure_s']:.2f} s")

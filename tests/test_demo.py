@@ -25,7 +25,7 @@ def test_mint_once_then_reuse_from_fresh_processes_without_compiling(
     workdir, first = demo_minted
     assert first["ok"] is True
     mint, reuse = first["mint"], first["reuse"]
-    assert mint["outcome"] == "MINTED"
+    assert mint["outcome"] == "minted"
     assert reuse["resolve_without_torch"] is True
     assert float(reuse["max_abs_error"]) < 1e-4
     native = first["native"]
@@ -34,7 +34,7 @@ def test_mint_once_then_reuse_from_fresh_processes_without_compiling(
 
     second = run_demo(workdir)
     assert second["ok"] is True
-    assert second["mint"]["outcome"] == "REUSED"
+    assert second["mint"]["outcome"] == "reused"
     assert second["mint"]["key"] == mint["key"]
 
     engine = Engine(workdir / "store")
@@ -69,8 +69,8 @@ def test_a_corrupted_store_is_quarantined_and_the_next_ensure_repairs_it_by_a_mi
 
     repaired = run_demo(workdir)
     assert repaired["ok"] is True
-    assert repaired["mint"]["outcome"] == "MINTED"
-    assert repaired["mint"]["publication"] == "REPAIRED"
+    assert repaired["mint"]["outcome"] == "minted"
+    assert repaired["mint"]["publication"] == "repaired"
     stats = engine.stats()
     assert stats["mints"] == 2 and stats["quarantines"] >= 1
     assert engine.resolve(key, workdir / "after-repair") is not None

@@ -161,7 +161,10 @@ def test_cli_resolve_exit_codes(engine: Engine, tmp_path: Path) -> None:
         text=True,
     )
     assert hit.returncode == 0, hit.stderr
-    assert hit.stdout.strip() == str(tmp_path / "d")
+    # stdout is the metadata as 0.2.0 printed it; the destination goes to stderr.
+    metadata = json.loads((tmp_path / "d" / "metadata.json").read_text())
+    assert hit.stdout == json.dumps(metadata, sort_keys=True, indent=2) + "\n"
+    assert str(tmp_path / "d") in hit.stderr
     other = "cg-key-v1-" + "0" * 56
     miss = subprocess.run(
         [*cli, "resolve", "--cas-root", str(engine.root), other, str(tmp_path / "e")],
@@ -188,5 +191,7 @@ def test_cli_resolve_exit_codes(engine: Engine, tmp_path: Path) -> None:
 
 
 def test_ensure_outcome_values() -> None:
-    assert [o.value for o in EnsureOutcome] == ["REUSED", "MINTED"]
-    assert [o.value for o in StoreOutcome] == ["STORED", "PRESENT", "REPAIRED", "DIVERGENT"]
+    assert [o.value for o in EnsureOutcome] == ["reused", "minted"]
+    assert [o.name for o in EnsureOutcome] == ["REUSED", "MINTED"]
+    assert [o.value for o in StoreOutcome] == ["stored", "present", "repaired", "divergent"]
+    assert [o.name for o in StoreOutcome] == ["STORED", "PRESENT", "REPAIRED", "DIVERGENT"]

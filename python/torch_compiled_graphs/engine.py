@@ -394,6 +394,19 @@ class Engine:
         """Verify an envelope, admit it on this host and publish it under ``key``."""
         return StoreResult._from_native(self._native.import_artifact(key, os.fspath(path)))
 
+    def adopt_hashrepo(self, old_root: StrPath) -> list[dict[str, Any]]:
+        """Import every graph of a torch-compiled-graphs 0.2.0 store (a HashRepo root) into this store.
+
+        The old root is only read, and never trusted: each graph goes through
+        the full verification and admission of :meth:`import_artifact`. One
+        dict per ref of the old store: ``key``, ``ref_file``, ``status``
+        (``"imported"``, ``"present"``, ``"divergent"``, ``"quarantined"`` or
+        ``"refused"``), ``outcome`` (the publication outcome's value or
+        ``None``), ``manifest``, and ``code`` and ``message`` when refused or
+        quarantined.
+        """
+        return list(self._native.adopt_hashrepo(os.fspath(old_root)))
+
     def export_artifact(self, key: str, path: StrPath) -> Path:
         """Write the exact stored envelope of ``key`` to the file ``path``."""
         return _path(self._native.export_artifact(key, os.fspath(path)))

@@ -212,6 +212,19 @@ impl NativeEngine {
         from_value(py, &store_result_value(&r))
     }
 
+    /// Adopt every graph of a 0.2.0 (HashRepo) store; one dict per ref.
+    fn adopt_hashrepo<'py>(
+        &self,
+        py: Python<'py>,
+        old_root: PathBuf,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let entries = py
+            .detach(|| self.inner.adopt_hashrepo(&old_root, &mut |_, _, _| {}))
+            .py()?;
+        let rows = entries.iter().map(|e| e.to_value()).collect();
+        from_value(py, &Value::Array(rows))
+    }
+
     fn export_artifact(
         &self,
         py: Python<'_>,
