@@ -138,7 +138,10 @@ class StoreOutcome(_Outcome):
 
 
 class EnsureOutcome(_Outcome):
-    """Whether ``ensure`` reused a stored artifact (``REUSED``, ``"reused"``) or minted one (``MINTED``, ``"minted"``)."""
+    """Whether ``ensure`` reused a stored artifact or minted one.
+
+    ``REUSED`` (``"reused"``) or ``MINTED`` (``"minted"``), a ``str`` enumeration.
+    """
 
     __slots__ = ()
     REUSED: EnsureOutcome

@@ -206,7 +206,10 @@ impl Store {
 /// no `FORMAT`.
 pub fn is_hashrepo_root(root: &Path) -> bool {
     let dir = |p: &str| fs::symlink_metadata(root.join(p)).is_ok_and(|m| m.is_dir());
-    dir("objects") && dir("objects/sha256") && dir("refs") && fs::symlink_metadata(root.join("FORMAT")).is_err()
+    dir("objects")
+        && dir("objects/sha256")
+        && dir("refs")
+        && fs::symlink_metadata(root.join("FORMAT")).is_err()
 }
 
 fn check_or_init_format(root: &Path) -> Result<()> {

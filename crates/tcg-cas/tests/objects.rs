@@ -82,7 +82,9 @@ fn a_store_of_0_2_0_is_recognised_refused_untouched_and_told_how_to_move_on() {
     assert_eq!(e.code(), "store.hashrepo_root");
     let msg = e.to_string();
     assert!(
-        msg.contains("0.2.0") && msg.contains("adopt --from-hashrepo") && msg.contains("--cas-root"),
+        msg.contains("0.2.0")
+            && msg.contains("adopt --from-hashrepo")
+            && msg.contains("--cas-root"),
         "{msg}"
     );
     assert_eq!(listing(&old), before, "the old root was modified");
@@ -90,7 +92,10 @@ fn a_store_of_0_2_0_is_recognised_refused_untouched_and_told_how_to_move_on() {
     let junk = dir.path().join("j");
     std::fs::create_dir_all(junk.join("refs")).unwrap();
     assert!(!tcg_cas::is_hashrepo_root(&junk));
-    assert_eq!(Store::open(&junk).unwrap_err().code(), "store.format_unsupported");
+    assert_eq!(
+        Store::open(&junk).unwrap_err().code(),
+        "store.format_unsupported"
+    );
 }
 
 fn listing(root: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {

@@ -52,7 +52,10 @@ pub(crate) fn run(engine: &Engine, old: &Path, json: bool) -> anyhow::Result<Out
             counts.insert(s.as_str().into(), Value::Int(count(s) as i64));
         }
         let mut out = Map::new();
-        out.insert("cas_root".into(), engine.store().root().display().to_string().into());
+        out.insert(
+            "cas_root".into(),
+            engine.store().root().display().to_string().into(),
+        );
         out.insert("counts".into(), Value::Object(counts));
         out.insert("from_hashrepo".into(), old.display().to_string().into());
         out.insert(

@@ -97,7 +97,14 @@ fn snapshot(root: &Path) -> BTreeMap<PathBuf, (String, u32, Vec<u8>)> {
             let md = std::fs::symlink_metadata(&p).unwrap();
             let mode = md.permissions().mode();
             let entry = if md.file_type().is_symlink() {
-                ("link".into(), mode, std::fs::read_link(&p).unwrap().into_os_string().into_encoded_bytes())
+                (
+                    "link".into(),
+                    mode,
+                    std::fs::read_link(&p)
+                        .unwrap()
+                        .into_os_string()
+                        .into_encoded_bytes(),
+                )
             } else if md.is_dir() {
                 stack.push(p.clone());
                 ("dir".into(), mode, vec![])
@@ -221,7 +228,12 @@ fn a_chunked_envelope_adopts_and_a_wrong_whole_file_digest_is_refused() {
     let engine = Engine::open(d2.path().join("new")).unwrap();
     let entries = adopt(&engine, &old);
     refused_with(&entries, KEY, Code::StoreDigestMismatch);
-    let msg = by_key(&entries, KEY).error.as_ref().unwrap().message().to_string();
+    let msg = by_key(&entries, KEY)
+        .error
+        .as_ref()
+        .unwrap()
+        .message()
+        .to_string();
     assert!(msg.contains(&wrong), "{msg}");
     assert!(engine.resolve(KEY, &d2.path().join("r")).unwrap().is_none());
     assert_adopted(&engine, &entries, &other, d2.path());
@@ -321,7 +333,11 @@ fn hostile_manifests_and_records_are_refused_with_their_codes() {
     let m = std::fs::read_dir(old.join("refs")).unwrap().count();
     assert_eq!(m, 1);
     let manifest_hex = "86786f90f482bcb9988391c7d83f28bb6447fc334f0fb4ebc65612b0d7ae1e0f";
-    put_ref(&old, &format!("{GRAPH_REF_PREFIX}{wrong_key}"), manifest_hex);
+    put_ref(
+        &old,
+        &format!("{GRAPH_REF_PREFIX}{wrong_key}"),
+        manifest_hex,
+    );
     // A manifest whose chunk lengths do not sum to its size.
     let bad = format!(
         r#"{{"format":1,"files":[{{"path":"compiled_graph.tar.gz","size_bytes":{},"digest":"sha256:{ENVELOPE_OBJECT}","chunks":[{{"digest":"sha256:{ENVELOPE_OBJECT}","len":5}}]}}]}}"#,
@@ -332,7 +348,11 @@ fn hostile_manifests_and_records_are_refused_with_their_codes() {
     put_ref(&old, &format!("{GRAPH_REF_PREFIX}{k2}"), &bad_m);
     // A ref naming a manifest object that is not there.
     let (k3, _) = other_key_envelope(d.path(), "k3");
-    put_ref(&old, &format!("{GRAPH_REF_PREFIX}{k3}"), &Digest::of(b"absent").to_hex());
+    put_ref(
+        &old,
+        &format!("{GRAPH_REF_PREFIX}{k3}"),
+        &Digest::of(b"absent").to_hex(),
+    );
     // A ref record that is not JSON.
     std::fs::write(old.join("refs").join(name_hash("junk")), b"{not json").unwrap();
     // A graph ref whose name is not a key.
@@ -363,11 +383,17 @@ fn a_root_that_is_not_a_hashrepo_root_is_refused_as_a_whole() {
     assert_eq!(err.code(), Code::StoreFormatUnsupported);
     let empty = d.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let err = engine.adopt_hashrepo(&empty, &mut |_, _, _| {}).unwrap_err();
+    let err = engine
+        .adopt_hashrepo(&empty, &mut |_, _, _| {})
+        .unwrap_err();
     assert_eq!(err.code(), Code::StoreFormatUnsupported);
     // And the engine refuses to open a 0.2.0 root in place, saying how to move on.
     let old = old_root(d.path());
     let err = Engine::open(&old).unwrap_err();
     assert_eq!(err.code(), Code::StoreHashrepoRoot);
-    assert!(err.message().contains("adopt --from-hashrepo"), "{}", err.message());
+    assert!(
+        err.message().contains("adopt --from-hashrepo"),
+        "{}",
+        err.message()
+    );
 }

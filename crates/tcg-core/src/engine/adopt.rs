@@ -69,7 +69,10 @@ impl AdoptEntry {
         m.insert("status".into(), self.status.as_str().into());
         m.insert(
             "outcome".into(),
-            opt(self.outcome.map(|o| o.as_str().to_ascii_lowercase()).as_deref()),
+            opt(self
+                .outcome
+                .map(|o| o.as_str().to_ascii_lowercase())
+                .as_deref()),
         );
         m.insert("manifest".into(), opt(self.manifest.as_deref()));
         m.insert(

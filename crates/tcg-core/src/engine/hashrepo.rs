@@ -161,7 +161,8 @@ impl Dir {
 
     /// The names in this directory (without `.` and `..`), sorted.
     pub(crate) fn entries(&self) -> Result<Vec<OsString>> {
-        let fail = |e: io::Error| Error::io(format_args!("cannot list {}", self.path.display()), &e);
+        let fail =
+            |e: io::Error| Error::io(format_args!("cannot list {}", self.path.display()), &e);
         // fdopendir takes ownership of its descriptor, so give it a duplicate.
         // SAFETY: duplicating a valid descriptor.
         let dup = unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
@@ -258,7 +259,9 @@ pub(crate) fn read_ref(refs: &Dir, file: &str) -> Result<RefRecord> {
         .as_object()
         .ok_or_else(|| invalid("not an object".into()))?;
     if obj.len() != 3 {
-        return Err(invalid("members are not exactly format, name and target".into()));
+        return Err(invalid(
+            "members are not exactly format, name and target".into(),
+        ));
     }
     match obj.get("format") {
         Some(Value::Int(1)) => {}
@@ -360,7 +363,10 @@ pub(crate) fn parse_manifest(bytes: &[u8], digest: &Digest) -> Result<EnvelopeFi
     let file = files[0]
         .as_object()
         .ok_or_else(|| invalid("a file entry is not an object"))?;
-    if file.keys().any(|k| !matches!(k.as_str(), "path" | "size_bytes" | "digest" | "chunks")) {
+    if file
+        .keys()
+        .any(|k| !matches!(k.as_str(), "path" | "size_bytes" | "digest" | "chunks"))
+    {
         return Err(invalid("a file entry has an unknown member"));
     }
     if file.get("path").and_then(Value::as_str) != Some(ENVELOPE_PATH) {

@@ -8,8 +8,8 @@
 //! verifies, stores and resolves what it returns.
 
 mod admin;
-mod adopt;
 mod admitted;
+mod adopt;
 mod destination;
 mod export;
 pub mod hashrepo;
@@ -28,8 +28,8 @@ use crate::identity::is_compiled_graph_key;
 use crate::{Code, Error, Result};
 
 pub use admin::Counter;
-pub use adopt::{AdoptEntry, AdoptStatus};
 pub use admitted::{admitted_ref, ADMITTED_REF_PREFIX};
+pub use adopt::{AdoptEntry, AdoptStatus};
 pub use mint::{MintOutput, MintedLiteral};
 
 /// What publication decided (SPEC-v1 §10.4).
