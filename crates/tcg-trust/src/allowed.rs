@@ -107,7 +107,11 @@ pub fn parse_time(v: &str) -> std::result::Result<i64, String> {
     }
     let n = |a: usize, b: usize| digits[a..b].parse::<i64>().expect("digits");
     let (y, mo, d) = (n(0, 4), n(4, 6), n(6, 8));
-    let (h, mi) = if digits.len() >= 12 { (n(8, 10), n(10, 12)) } else { (0, 0) };
+    let (h, mi) = if digits.len() >= 12 {
+        (n(8, 10), n(10, 12))
+    } else {
+        (0, 0)
+    };
     let s = if digits.len() == 14 { n(12, 14) } else { 0 };
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
         return Err(format!("time {v:?} is out of range"));
@@ -148,7 +152,10 @@ pub fn match_pattern_list(s: &str, list: &str) -> bool {
 }
 
 fn is_key_type(t: &str) -> bool {
-    t.starts_with("ssh-") || t.starts_with("ecdsa-") || t.starts_with("sk-") || t.starts_with("rsa-")
+    t.starts_with("ssh-")
+        || t.starts_with("ecdsa-")
+        || t.starts_with("sk-")
+        || t.starts_with("rsa-")
 }
 
 impl AllowedSigners {
@@ -247,9 +254,8 @@ impl RevokedKeys {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let key = PublicKey::from_openssh(line).map_err(|e| {
-                invalid(path, i + 1, format!("not an OpenSSH public key: {e}"))
-            })?;
+            let key = PublicKey::from_openssh(line)
+                .map_err(|e| invalid(path, i + 1, format!("not an OpenSSH public key: {e}")))?;
             keys.push(key.key_data().clone());
         }
         Ok(RevokedKeys { keys })
@@ -307,11 +313,26 @@ mod tests {
     #[test]
     fn refuses_cert_authority_unknown_options_and_bad_keys() {
         for (text, code) in [
-            (format!("* cert-authority ssh-ed25519 {KEY}"), "trust.cert_authority_unsupported"),
-            (format!("* frobnicate ssh-ed25519 {KEY}"), "trust.allowed_signers_invalid"),
-            (format!("* valid-after=20260101 ssh-ed25519 {KEY}"), "trust.allowed_signers_invalid"),
-            ("* ssh-ed25519 AAAAnotakey".to_string(), "trust.allowed_signers_invalid"),
-            ("\"unterminated ssh-ed25519".to_string(), "trust.allowed_signers_invalid"),
+            (
+                format!("* cert-authority ssh-ed25519 {KEY}"),
+                "trust.cert_authority_unsupported",
+            ),
+            (
+                format!("* frobnicate ssh-ed25519 {KEY}"),
+                "trust.allowed_signers_invalid",
+            ),
+            (
+                format!("* valid-after=20260101 ssh-ed25519 {KEY}"),
+                "trust.allowed_signers_invalid",
+            ),
+            (
+                "* ssh-ed25519 AAAAnotakey".to_string(),
+                "trust.allowed_signers_invalid",
+            ),
+            (
+                "\"unterminated ssh-ed25519".to_string(),
+                "trust.allowed_signers_invalid",
+            ),
             ("onlyprincipal".to_string(), "trust.allowed_signers_invalid"),
         ] {
             let err = AllowedSigners::parse(Path::new("as"), &text).unwrap_err();

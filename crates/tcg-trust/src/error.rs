@@ -37,7 +37,9 @@ pub enum TrustError {
         message: String,
     },
     /// `cert-authority` lines are not supported.
-    #[error("{path}:{line}: cert-authority lines are not supported (list the signing keys themselves)")]
+    #[error(
+        "{path}:{line}: cert-authority lines are not supported (list the signing keys themselves)"
+    )]
     CertAuthorityUnsupported {
         /// The file.
         path: PathBuf,

@@ -71,7 +71,12 @@ impl TrustPolicy {
         if self.revoked.contains(key) {
             return Err(TrustError::Revoked(format!("signer {who} is revoked")));
         }
-        let lines: Vec<_> = self.allowed.signers.iter().filter(|s| &s.key == key).collect();
+        let lines: Vec<_> = self
+            .allowed
+            .signers
+            .iter()
+            .filter(|s| &s.key == key)
+            .collect();
         if lines.is_empty() {
             return Err(TrustError::UntrustedSigner(format!(
                 "signer {who} is not in {}",
@@ -128,7 +133,12 @@ impl TrustPolicy {
     /// Admit `subject` if one of `entries` is a valid signature of a
     /// statement about it by a trusted signer. Otherwise the most telling
     /// refusal: `trust.unsigned` when there is no signature at all.
-    pub fn admit(&self, entries: &[SignedStatement], subject: &Subject, now: i64) -> Result<Admitted> {
+    pub fn admit(
+        &self,
+        entries: &[SignedStatement],
+        subject: &Subject,
+        now: i64,
+    ) -> Result<Admitted> {
         if entries.is_empty() {
             return Err(TrustError::Unsigned(format!(
                 "compiled graph {} has no signature, and a trust policy ({}) is set",

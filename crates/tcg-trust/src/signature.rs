@@ -111,7 +111,11 @@ impl SignedStatement {
         if m.keys().map(String::as_str).ne(["sshsig", "statement"]) {
             return Err(invalid("must have exactly sshsig and statement"));
         }
-        let text = |k: &str| m[k].as_str().map(str::to_owned).ok_or_else(|| invalid("members must be strings"));
+        let text = |k: &str| {
+            m[k].as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| invalid("members must be strings"))
+        };
         Ok(SignedStatement {
             sshsig: text("sshsig")?,
             statement: text("statement")?,
@@ -170,7 +174,9 @@ pub fn parse_document(bytes: &[u8]) -> Result<Vec<SignedStatement>> {
     let m = v
         .as_object()
         .ok_or_else(|| TrustError::SignaturesInvalid("not an object".into()))?;
-    if m.keys().map(String::as_str).ne(["format", "signatures", "type"])
+    if m.keys()
+        .map(String::as_str)
+        .ne(["format", "signatures", "type"])
         || m["type"].as_str() != Some(SIGNATURES_TYPE)
         || m["format"].as_i64() != Some(1)
     {

@@ -53,7 +53,10 @@ impl Statement {
     /// The canonical bytes that are signed.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut m = Map::new();
-        m.insert("envelope_sha256".into(), self.envelope_sha256.clone().into());
+        m.insert(
+            "envelope_sha256".into(),
+            self.envelope_sha256.clone().into(),
+        );
         m.insert("format".into(), Value::Int(STATEMENT_FORMAT));
         m.insert("key".into(), self.key.clone().into());
         m.insert("producer".into(), self.producer.clone().into());
