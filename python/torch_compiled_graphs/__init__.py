@@ -27,6 +27,7 @@ _LAZY = {
     "IdentityError": "errors",
     "QuarantinedArtifact": "errors",
     "StorageError": "errors",
+    "TrustError": "errors",
     "COMPILED_GRAPH_FORMAT": "identity",
     "CompiledGraphKey": "identity",
     "GraphClassDeclaration": "identity",
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         IdentityError,
         QuarantinedArtifact,
         StorageError,
+        TrustError,
     )
     from .identity import COMPILED_GRAPH_FORMAT, CompiledGraphKey, GraphClassDeclaration, is_compiled_graph_key
     from .runtime import RuntimeCompatibility
@@ -90,6 +92,7 @@ __all__ = [
     "StoreOutcome",
     "StoreResult",
     "StoredCompiledGraph",
+    "TrustError",
     "is_compiled_graph_key",
     "record_toolchain",
 ]

@@ -18,6 +18,7 @@ __all__ = [
     "IdentityError",
     "QuarantinedArtifact",
     "StorageError",
+    "TrustError",
 ]
 
 
@@ -60,6 +61,10 @@ class QuarantinedArtifact(StorageError):
 
 class AdmissionError(StorageError):
     """A verified artifact may not run on this host or suit this request (``admission.*``)."""
+
+
+class TrustError(AdmissionError):
+    """The trust policy refused an artifact's signatures, or a trust file or signing key is unusable (``trust.*``)."""
 
 
 class BindingError(CompiledGraphError, ValueError):

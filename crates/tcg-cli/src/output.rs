@@ -45,7 +45,8 @@ pub fn report_error(err: &anyhow::Error) -> i32 {
             | Kind::Admission
             | Kind::Quarantined
             | Kind::Identity
-            | Kind::Declaration => 1,
+            | Kind::Declaration
+            | Kind::Trust => 1,
             Kind::Compile | Kind::Storage | Kind::Binding | Kind::Io => 2,
         };
     }

@@ -25,6 +25,9 @@ pub enum Kind {
     Admission,
     /// `BindingError` (a `ValueError`): loading a resolved graph with its weights.
     Binding,
+    /// `TrustError` (an `AdmissionError`): the trust policy refused an artifact's
+    /// signatures, or a trust file or signing key cannot be used.
+    Trust,
     /// An `OSError` subclass chosen by errno.
     Io,
 }
@@ -184,6 +187,29 @@ codes! {
     AdmissionLiteralUnbound => Admission, "admission.literal_unbound";
     AdmissionLiteralSerialize => Admission, "admission.literal_serialize";
 
+    /// No signature accompanies an artifact the trust policy must admit.
+    TrustUnsigned => Trust, "trust.unsigned";
+    /// The signer is not in `allowed_signers`, or not for the statement's producer.
+    TrustUntrustedSigner => Trust, "trust.untrusted_signer";
+    /// A signature does not verify over its statement, or the statement is malformed.
+    TrustBadSignature => Trust, "trust.bad_signature";
+    /// The signature's namespace is not `torch-compiled-graphs`, or the signer's line excludes it.
+    TrustNamespace => Trust, "trust.namespace";
+    /// The signer's validity window excludes now or the signing time.
+    TrustExpired => Trust, "trust.expired";
+    /// The signer's key is revoked.
+    TrustRevoked => Trust, "trust.revoked";
+    /// A valid signature of a statement about another artifact.
+    TrustStatementMismatch => Trust, "trust.statement_mismatch";
+    /// The `allowed_signers` or revoked-keys file cannot be parsed.
+    TrustAllowedSignersInvalid => Trust, "trust.allowed_signers_invalid";
+    /// `allowed_signers` has a `cert-authority` line.
+    TrustCertAuthorityUnsupported => Trust, "trust.cert_authority_unsupported";
+    /// A signatures document (`.sig` file or stored record) is malformed.
+    TrustSignaturesInvalid => Trust, "trust.signatures_invalid";
+    /// The signing key file cannot be used.
+    TrustSigningKeyInvalid => Trust, "trust.signing_key_invalid";
+
     /// A constant the graph needs is not in the weights.
     RunConstantMissing => Binding, "run.constant_missing";
     /// The weights hold a name the graph has no constant for.
@@ -260,6 +286,15 @@ impl Error {
         }
     }
 
+    /// A trust-layer error with the same code (`io.error` keeps its errno).
+    pub fn from_trust(err: tcg_trust::TrustError) -> Self {
+        if let tcg_trust::TrustError::Io { source, .. } = &err {
+            return Error::io_code(Code::IoError, source.raw_os_error(), err.to_string());
+        }
+        let code = Code::from_str_code(err.code()).expect("every trust code is a core code");
+        Error::new(code, err.to_string())
+    }
+
     /// A CJ refusal raised in the context of an operation of `kind`.
     pub fn from_cj(kind: Kind, err: &tcg_cj::CjError) -> Self {
         let code = match err.code {
@@ -329,6 +364,40 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_trust_code_is_a_core_code_of_kind_trust() {
+        let path = std::path::PathBuf::from("f");
+        let io = || std::io::Error::from_raw_os_error(2);
+        let all = [
+            tcg_trust::TrustError::Unsigned(String::new()),
+            tcg_trust::TrustError::UntrustedSigner(String::new()),
+            tcg_trust::TrustError::BadSignature(String::new()),
+            tcg_trust::TrustError::Namespace(String::new()),
+            tcg_trust::TrustError::Expired(String::new()),
+            tcg_trust::TrustError::Revoked(String::new()),
+            tcg_trust::TrustError::StatementMismatch(String::new()),
+            tcg_trust::TrustError::AllowedSignersInvalid {
+                path: path.clone(),
+                line: 1,
+                message: String::new(),
+            },
+            tcg_trust::TrustError::CertAuthorityUnsupported {
+                path: path.clone(),
+                line: 1,
+            },
+            tcg_trust::TrustError::SignaturesInvalid(String::new()),
+            tcg_trust::TrustError::SigningKeyInvalid(String::new()),
+        ];
+        for e in all {
+            let code = e.code();
+            let core = Error::from_trust(e);
+            assert_eq!(core.code().as_str(), code);
+            assert_eq!(core.kind(), Kind::Trust);
+        }
+        let core = Error::from_trust(tcg_trust::TrustError::Io { path, source: io() });
+        assert_eq!((core.code(), core.errno()), (Code::IoError, Some(2)));
+    }
 
     #[test]
     fn codes_are_unique_well_formed_and_round_trip() {

@@ -20,6 +20,7 @@ pub fn class_name(kind: Kind) -> &'static str {
         Kind::Quarantined => "QuarantinedArtifact",
         Kind::Admission => "AdmissionError",
         Kind::Binding => "BindingError",
+        Kind::Trust => "TrustError",
         Kind::Io => "OSError",
     }
 }

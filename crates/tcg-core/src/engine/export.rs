@@ -16,6 +16,7 @@ use crate::artifact::envelope::Tee;
 use crate::artifact::publish::{fsync_parent, Temp};
 use crate::artifact::read_envelope;
 use crate::{Code, Error, Result};
+use tcg_trust::Subject;
 
 fn failed(key: &str, why: impl std::fmt::Display) -> Error {
     Error::new(
@@ -68,8 +69,16 @@ fn accept_existing(dest: &Path, size: u64, digest: &[u8; 32]) -> Result<()> {
 }
 
 impl Engine {
-    /// Export the envelope stored for `key` to the file `destination`.
+    /// Export the envelope stored for `key` to the file `destination`, and
+    /// its signatures (if any) to `destination.sig`.
     pub fn export_artifact(&self, key: &str, destination: &Path) -> Result<PathBuf> {
+        let subject = self.export_envelope(key, destination)?;
+        self.export_signatures(destination, &subject)?;
+        Ok(destination.to_path_buf())
+    }
+
+    /// Export the envelope alone; returns the subject its signatures name.
+    pub(crate) fn export_envelope(&self, key: &str, destination: &Path) -> Result<Subject> {
         check_key(key)?;
         let lease = self.store.lease().map_err(store_err)?;
         let name = graph_ref(key);
@@ -86,7 +95,7 @@ impl Engine {
                 format!("compiled graph {key} is quarantined and has nothing verified to export"),
             ));
         }
-        let quarantine_and_fail = |why: String| -> Result<PathBuf> {
+        let quarantine_and_fail = |why: String| -> Result<Subject> {
             self.quarantine(&lease, key, &m, Code::QuarantineExportVerification)?;
             Err(failed(key, why))
         };
@@ -138,7 +147,9 @@ impl Engine {
             Ok(())
         });
         let stage = super::StoreStage::new(self, &lease)?;
+        let mut toolchain = None;
         let mut admission = |md: &crate::artifact::Metadata| -> Result<()> {
+            toolchain = Some(crate::identity::toolchain_axis(md.toolchain()));
             if md.key() != key {
                 return Err(Error::new(
                     Code::QuarantineKeyMismatch,
@@ -173,6 +184,10 @@ impl Engine {
         drop(temp);
         fsync_parent(destination)?;
         lease.end().map_err(store_err)?;
-        Ok(destination.to_path_buf())
+        Ok(Subject {
+            key: key.to_string(),
+            envelope_sha256: hex::encode(digest),
+            toolchain: toolchain.expect("the reader validated the metadata"),
+        })
     }
 }

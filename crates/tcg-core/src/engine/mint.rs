@@ -192,8 +192,14 @@ impl Engine {
         )?;
         let file = File::open(&envelope)
             .map_err(|e| Error::io(format_args!("cannot open {}", envelope.display()), &e))?;
-        let (m, _report, stage) = self.ingest_verified(&lease, file, key, true)?;
+        let (info, report, stage) = self.ingest_verified(&lease, file, key, true)?;
+        let m = info.manifest;
         let result = self.decide(&lease, key, m)?;
+        if result.outcome != StoreOutcome::Divergent {
+            // A mint by this node: signed when a signing key is configured.
+            let subject = super::subject_of(&report.metadata, &info.file_digest);
+            self.sign_with_config(&lease, &subject)?;
+        }
         self.after_publication(&lease, key, &m, &result, stage.path());
         drop(stage);
         drop(work);

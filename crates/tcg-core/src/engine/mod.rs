@@ -17,6 +17,7 @@ mod mint;
 mod publish;
 mod quarantine;
 mod resolve;
+mod signatures;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -31,6 +32,10 @@ pub use admin::Counter;
 pub use admitted::{admitted_ref, ADMITTED_REF_PREFIX};
 pub use adopt::{AdoptEntry, AdoptStatus};
 pub use mint::{MintOutput, MintedLiteral};
+pub use signatures::{
+    default_producer, envelope_subject, sig_path, signature_ref, signature_summary, subject_of,
+    TrustConfig, TrustSettings, SIGNATURE_REF_PREFIX,
+};
 
 /// What publication decided (SPEC-v1 §10.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +174,7 @@ impl Request {
 pub struct Engine {
     store: Store,
     lock_timeout: Option<Duration>,
+    trust: TrustConfig,
 }
 
 impl Engine {
@@ -178,6 +184,7 @@ impl Engine {
         Ok(Engine {
             store,
             lock_timeout: None,
+            trust: TrustConfig::default(),
         })
     }
 

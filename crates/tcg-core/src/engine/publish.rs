@@ -45,7 +45,7 @@ impl Engine {
         input: impl Read,
         key: &str,
         admit_host: bool,
-    ) -> Result<(Digest, EnvelopeReport, StoreStage)> {
+    ) -> Result<(tcg_cas::ManifestInfo, EnvelopeReport, StoreStage)> {
         let mut writer: ChunkedWriter<'_> = self.store.chunked_writer(lease);
         let mut sink_error: Option<Error> = None;
         let stage = StoreStage::new(self, lease)?;
@@ -85,7 +85,7 @@ impl Engine {
         }
         let report = report?;
         let info = writer.finish().map_err(store_err)?;
-        Ok((info.manifest, report, stage))
+        Ok((info, report, stage))
     }
 
     /// Publish manifest `m` for `key` first-writer-wins (SPEC-v1 §10.4 step 3).
@@ -166,7 +166,9 @@ impl Engine {
     }
 
     /// Import an envelope file under `key` (SPEC-v1 §10.6): full verification,
-    /// host admission before any ref is written, then publication.
+    /// host admission and, when a trust policy is set, a trusted signature in
+    /// `path.sig` before any ref is written; then publication. The valid
+    /// signatures of `path.sig` are kept beside the artifact.
     pub fn import_artifact(&self, key: &str, path: &Path) -> Result<StoreResult> {
         check_key(key)?;
         let file = File::open(path)
@@ -177,8 +179,14 @@ impl Engine {
             .len();
         crate::artifact::envelope::check_compressed_size(size)?;
         let lease = self.store.lease().map_err(store_err)?;
-        let (m, _report, stage) = self.ingest_verified(&lease, file, key, true)?;
+        let (info, report, stage) = self.ingest_verified(&lease, file, key, true)?;
+        let m = info.manifest;
+        let subject = super::subject_of(&report.metadata, &info.file_digest);
+        let signatures = self.import_signatures(path, &subject)?;
         let result = self.decide(&lease, key, m)?;
+        for (entry, v) in &signatures {
+            self.store_signature(&lease, entry, v)?;
+        }
         self.after_publication(&lease, key, &m, &result, stage.path());
         lease.end().map_err(store_err)?;
         Ok(result)

@@ -1,0 +1,342 @@
+//! Signed provenance through the engine: mints sign, export writes the
+//! `.sig` document, import under a trust policy admits only a trusted
+//! signature of that exact envelope, and `sign_stored` signs after the fact.
+//! Keys are made by the real `ssh-keygen`, and it verifies what we export.
+
+mod common;
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+use tcg_core::engine::{
+    graph_ref, sig_path, Engine, Request, StoreOutcome, TrustSettings, SIGNATURE_REF_PREFIX,
+};
+use tcg_core::{Code, Kind};
+
+fn keygen(dir: &Path, name: &str, comment: &str) -> (PathBuf, String) {
+    let private = dir.join(name);
+    let ok = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
+        .arg(&private)
+        .status()
+        .expect("ssh-keygen is required (apt-get install openssh-client)")
+        .success();
+    assert!(ok);
+    let public = std::fs::read_to_string(format!("{}.pub", private.display())).unwrap();
+    (private, public.trim().to_string())
+}
+
+fn settings() -> TrustSettings {
+    TrustSettings::default()
+}
+
+fn signing_engine(root: &Path, key: &Path) -> Engine {
+    let config = TrustSettings {
+        signing_key: Some(key.to_path_buf()),
+        ..settings()
+    }
+    .load()
+    .unwrap();
+    Engine::open(root).unwrap().with_trust(config)
+}
+
+fn trusting_engine(root: &Path, allowed: &Path, revoked: Option<&Path>) -> Engine {
+    let config = TrustSettings {
+        trust: Some(allowed.to_path_buf()),
+        revoked_keys: revoked.map(Path::to_path_buf),
+        ..settings()
+    }
+    .load()
+    .unwrap();
+    Engine::open(root).unwrap().with_trust(config)
+}
+
+fn request() -> Request {
+    let md = tcg_core::artifact::read_metadata(&reference()).unwrap();
+    Request::new("cpu", &md.value()["toolchain"]).unwrap()
+}
+
+/// Mint the reference graph in a store that signs with `key`, export it to
+/// `out` (envelope and `.sig`).
+fn minted_and_exported(dir: &Path, key: &Path, out: &Path) {
+    let e = signing_engine(&dir.join("producer"), key);
+    let calls = Cell::new(0);
+    let mut mint = counting_mint(&calls, dir);
+    e.ensure(KEY, &dir.join("resolved"), &request(), &mut mint)
+        .unwrap();
+    assert_eq!(calls.get(), 1);
+    e.export_artifact(KEY, out).unwrap();
+}
+
+fn write(path: &Path, text: &str) -> PathBuf {
+    std::fs::write(path, text).unwrap();
+    path.to_path_buf()
+}
+
+fn assert_refused_and_nothing_published(e: &Engine, path: &Path, code: Code) {
+    let err = e.import_artifact(KEY, path).unwrap_err();
+    assert_eq!(err.code(), code, "{err}");
+    assert_eq!(err.kind(), Kind::Trust);
+    assert!(e.store().get_ref(&graph_ref(KEY)).unwrap().is_none());
+    assert!(e
+        .store()
+        .list_refs(SIGNATURE_REF_PREFIX)
+        .unwrap()
+        .entries
+        .is_empty());
+}
+
+#[test]
+fn a_signed_mint_exports_a_sig_that_ssh_keygen_verifies_and_a_trusting_store_imports() {
+    let d = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(d.path(), "ci", "ci@a.example");
+    let out = d.path().join("graph.tar.gz");
+    minted_and_exported(d.path(), &key, &out);
+    let sig = sig_path(&out);
+    let entries = tcg_trust::parse_document(&std::fs::read(&sig).unwrap()).unwrap();
+    assert_eq!(entries.len(), 1);
+
+    // OpenSSH's own verifier accepts the statement and its signature.
+    let allowed = write(
+        &d.path().join("allowed_signers"),
+        &format!("ci@a.example {public}\n"),
+    );
+    std::fs::write(d.path().join("entry.sig"), &entries[0].sshsig).unwrap();
+    let mut child = Command::new("ssh-keygen")
+        .args([
+            "-Y",
+            "verify",
+            "-n",
+            "torch-compiled-graphs",
+            "-I",
+            "ci@a.example",
+            "-f",
+        ])
+        .arg(&allowed)
+        .arg("-s")
+        .arg(d.path().join("entry.sig"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(entries[0].statement.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    // The statement binds this exact envelope.
+    let st = tcg_trust::Statement::parse(entries[0].statement.as_bytes()).unwrap();
+    assert_eq!(st.key, KEY);
+    assert_eq!(st.producer, "ci@a.example");
+    let subject = tcg_core::engine::envelope_subject(&out).unwrap();
+    assert_eq!(st.envelope_sha256, subject.envelope_sha256);
+    assert_eq!(st.toolchain, subject.toolchain);
+
+    let worker = trusting_engine(&d.path().join("worker"), &allowed, None);
+    let r = worker.import_artifact(KEY, &out).unwrap();
+    assert_eq!(r.outcome, StoreOutcome::Stored);
+    let signers = worker.signers(KEY).unwrap();
+    assert_eq!(signers.len(), 1);
+    // Re-export from the worker carries the signature on, byte for byte.
+    let again = d.path().join("again.tar.gz");
+    worker.export_artifact(KEY, &again).unwrap();
+    assert_eq!(
+        std::fs::read(sig_path(&again)).unwrap(),
+        std::fs::read(&sig).unwrap()
+    );
+}
+
+#[test]
+fn import_under_a_policy_refuses_every_untrusted_case_before_publishing() {
+    let d = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(d.path(), "ci", "ci@a.example");
+    let (_other, other_public) = keygen(d.path(), "other", "other@a.example");
+    let out = d.path().join("graph.tar.gz");
+    minted_and_exported(d.path(), &key, &out);
+    let sig = std::fs::read_to_string(sig_path(&out)).unwrap();
+    let trusted = format!("ci@a.example {public}\n");
+
+    let case =
+        |name: &str, allowed: &str, revoked: Option<&str>, sig_text: Option<&str>, code: Code| {
+            let dir = d.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            let env = dir.join("graph.tar.gz");
+            std::fs::copy(&out, &env).unwrap();
+            if let Some(s) = sig_text {
+                std::fs::write(sig_path(&env), s).unwrap();
+            }
+            let allowed = write(&dir.join("allowed_signers"), allowed);
+            let revoked = revoked.map(|r| write(&dir.join("revoked"), r));
+            let e = trusting_engine(&dir.join("store"), &allowed, revoked.as_deref());
+            assert_refused_and_nothing_published(&e, &env, code);
+        };
+    case("unsigned", &trusted, None, None, Code::TrustUnsigned);
+    case(
+        "untrusted",
+        &format!("ci@a.example {other_public}\n"),
+        None,
+        Some(&sig),
+        Code::TrustUntrustedSigner,
+    );
+    case(
+        "principal",
+        &format!("ops@a.example {public}\n"),
+        None,
+        Some(&sig),
+        Code::TrustUntrustedSigner,
+    );
+    case(
+        "expired",
+        &format!("ci@a.example valid-before=\"20200101Z\" {public}\n"),
+        None,
+        Some(&sig),
+        Code::TrustExpired,
+    );
+    case(
+        "namespace",
+        &format!("ci@a.example namespaces=\"git\" {public}\n"),
+        None,
+        Some(&sig),
+        Code::TrustNamespace,
+    );
+    case(
+        "revoked",
+        &trusted,
+        Some(&format!("{public}\n")),
+        Some(&sig),
+        Code::TrustRevoked,
+    );
+    // A statement edited after signing (here: its producer).
+    let entries = tcg_trust::parse_document(sig.as_bytes()).unwrap();
+    let mut tampered = entries.clone();
+    tampered[0].statement = tampered[0]
+        .statement
+        .replace("ci@a.example", "cj@a.example");
+    let tampered = String::from_utf8(tcg_trust::document_bytes(&tampered)).unwrap();
+    case(
+        "tampered",
+        &trusted,
+        None,
+        Some(&tampered),
+        Code::TrustBadSignature,
+    );
+    case(
+        "malformed",
+        &trusted,
+        None,
+        Some("{\"not\":\"a signatures document\"}\n"),
+        Code::TrustSignaturesInvalid,
+    );
+
+    // A valid signature of another envelope of the same key, beside this one.
+    let dir = d.path().join("another");
+    std::fs::create_dir(&dir).unwrap();
+    let divergent = divergent_envelope(&dir);
+    let producer = signing_engine(&dir.join("producer"), &key);
+    producer.import_artifact(KEY, &divergent).unwrap();
+    producer
+        .sign_stored(KEY, &tcg_trust::Signer::from_file(&key).unwrap(), None)
+        .unwrap();
+    producer
+        .export_artifact(KEY, &dir.join("div.tar.gz"))
+        .unwrap();
+    let other_sig = std::fs::read_to_string(sig_path(&dir.join("div.tar.gz"))).unwrap();
+    case(
+        "mismatch",
+        &trusted,
+        None,
+        Some(&other_sig),
+        Code::TrustStatementMismatch,
+    );
+}
+
+#[test]
+fn sign_stored_signs_after_the_fact_and_import_without_policy_keeps_only_valid_signatures() {
+    let d = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(d.path(), "ops", "ops@a.example");
+    let plain = Engine::open(d.path().join("plain")).unwrap();
+    plain.import_artifact(KEY, &reference()).unwrap();
+    assert!(plain.signers(KEY).unwrap().is_empty());
+    let unsigned = d.path().join("unsigned.tar.gz");
+    plain.export_artifact(KEY, &unsigned).unwrap();
+    assert!(!sig_path(&unsigned).exists(), "no signature, no .sig");
+
+    let signer = tcg_trust::Signer::from_file(&key).unwrap();
+    let summary = plain.sign_stored(KEY, &signer, Some("release")).unwrap();
+    assert_eq!(
+        summary.as_object().unwrap()["producer"].as_str(),
+        Some("release")
+    );
+    // Signing twice with the same key keeps the first record.
+    plain.sign_stored(KEY, &signer, Some("release")).unwrap();
+    assert_eq!(plain.signers(KEY).unwrap().len(), 1);
+    let signed = d.path().join("signed.tar.gz");
+    plain.export_artifact(KEY, &signed).unwrap();
+
+    // A .sig with one good and one tampered entry: without a policy only the
+    // good one is kept; with a policy the good one admits.
+    let mut entries =
+        tcg_trust::parse_document(&std::fs::read(sig_path(&signed)).unwrap()).unwrap();
+    let mut bad = entries[0].clone();
+    bad.statement = bad.statement.replace("release", "relea5e");
+    entries.push(bad);
+    std::fs::write(sig_path(&signed), tcg_trust::document_bytes(&entries)).unwrap();
+    let other = Engine::open(d.path().join("other")).unwrap();
+    other.import_artifact(KEY, &signed).unwrap();
+    assert_eq!(other.signers(KEY).unwrap().len(), 1);
+    let allowed = write(&d.path().join("allowed"), &format!("release {public}\n"));
+    let worker = trusting_engine(&d.path().join("worker"), &allowed, None);
+    assert_eq!(
+        worker.import_artifact(KEY, &signed).unwrap().outcome,
+        StoreOutcome::Stored
+    );
+
+    // An existing, different .sig at the export destination is never overwritten.
+    let dest = d.path().join("occupied.tar.gz");
+    std::fs::write(sig_path(&dest), b"someone else's\n").unwrap();
+    let err = plain.export_artifact(KEY, &dest).unwrap_err();
+    assert_eq!(err.code(), Code::IoDestinationOccupied);
+    assert_eq!(std::fs::read(sig_path(&dest)).unwrap(), b"someone else's\n");
+}
+
+#[test]
+fn trust_settings_refuse_unusable_files_with_codes() {
+    let d = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(d.path(), "k", "k@x");
+    let ca = write(
+        &d.path().join("ca"),
+        &format!("* cert-authority {public}\n"),
+    );
+    let err = TrustSettings {
+        trust: Some(ca),
+        ..settings()
+    }
+    .load()
+    .unwrap_err();
+    assert_eq!(err.code(), Code::TrustCertAuthorityUnsupported);
+    let revoked_alone = TrustSettings {
+        revoked_keys: Some(d.path().join("r")),
+        ..settings()
+    };
+    assert_eq!(
+        revoked_alone.load().unwrap_err().code(),
+        Code::TrustAllowedSignersInvalid
+    );
+    let missing = TrustSettings {
+        trust: Some(d.path().join("absent")),
+        ..settings()
+    };
+    assert_eq!(missing.load().unwrap_err().code(), Code::IoError);
+    // The public key is not a private key.
+    let not_private = TrustSettings {
+        signing_key: Some(PathBuf::from(format!("{}.pub", key.display()))),
+        ..settings()
+    };
+    let err = not_private.load().unwrap_err();
+    assert_eq!(err.code(), Code::TrustSigningKeyInvalid, "{err}");
+}
