@@ -331,6 +331,15 @@ class Engine:
     or ``None`` for :func:`default_store_root` (``root=`` is accepted as a
     keyword alias). ``lock_timeout`` bounds how long ``ensure`` waits for
     another process minting the same key.
+
+    Signed provenance (docs/trust.md): ``signing_key`` (an unencrypted OpenSSH
+    ed25519 private key file) signs every artifact this engine mints;
+    ``trust`` (an OpenSSH ``allowed_signers`` file, with an optional
+    ``revoked_keys`` file) makes ``import_artifact`` admit only artifacts a
+    trusted signer signed, raising ``TrustError`` otherwise. ``producer``
+    names this node in statements. Each defaults to its environment variable
+    ``TORCH_COMPILED_GRAPHS_SIGNING_KEY``, ``…_TRUST``, ``…_REVOKED_KEYS``,
+    ``…_PRODUCER``.
     """
 
     def __init__(
@@ -339,12 +348,27 @@ class Engine:
         *,
         lock_timeout: float | None = None,
         root: StrPath | None = None,
+        signing_key: StrPath | None = None,
+        trust: StrPath | None = None,
+        revoked_keys: StrPath | None = None,
+        producer: str | None = None,
     ) -> None:
         if root is not None:
             if store is not None:
                 raise TypeError("Engine() takes a store or root=, not both")
             store = root
-        self._native = _native.NativeEngine(_store_root(store), lock_timeout)
+
+        def opt(p: StrPath | None) -> str | None:
+            return None if p is None else os.fspath(p)
+
+        self._native = _native.NativeEngine(
+            _store_root(store),
+            lock_timeout,
+            opt(signing_key),
+            opt(trust),
+            opt(revoked_keys),
+            producer,
+        )
 
     @property
     def root(self) -> Path:
@@ -394,7 +418,12 @@ class Engine:
         )
 
     def import_artifact(self, key: str, path: StrPath) -> StoreResult:
-        """Verify an envelope, admit it on this host and publish it under ``key``."""
+        """Verify an envelope, admit it on this host and publish it under ``key``.
+
+        Signatures in ``path + ".sig"`` are checked and kept. With a trust
+        policy, an artifact without a trusted signature raises ``TrustError``
+        and nothing is published.
+        """
         return StoreResult._from_native(self._native.import_artifact(key, os.fspath(path)))
 
     def adopt_hashrepo(self, old_root: StrPath) -> list[dict[str, Any]]:
@@ -411,8 +440,26 @@ class Engine:
         return list(self._native.adopt_hashrepo(os.fspath(old_root)))
 
     def export_artifact(self, key: str, path: StrPath) -> Path:
-        """Write the exact stored envelope of ``key`` to the file ``path``."""
+        """Write the exact stored envelope of ``key`` to ``path`` and its signatures to ``path + ".sig"``."""
         return _path(self._native.export_artifact(key, os.fspath(path)))
+
+    @property
+    def trusting(self) -> bool:
+        """Whether a trust policy is set."""
+        return self._native.trusting
+
+    @property
+    def signing(self) -> bool:
+        """Whether this engine signs what it mints."""
+        return self._native.signing
+
+    def sign(self, key: str, key_file: StrPath, *, producer: str | None = None) -> dict[str, Any]:
+        """Verify the artifact stored for ``key`` in full and sign it with ``key_file``."""
+        return dict(self._native.sign(key, os.fspath(key_file), producer))
+
+    def signers(self, key: str) -> list[dict[str, Any]]:
+        """The valid signatures of the artifact that serves ``key``: fingerprint, producer, signer, time."""
+        return list(self._native.signers(key))
 
     def list(self) -> list[dict[str, Any]]:
         """Every stored key with graph class, sm, size and last use."""

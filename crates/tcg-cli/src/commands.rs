@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tcg_cj::{Map, Value};
 use tcg_core::artifact::{self, Metadata};
-use tcg_core::engine::Engine;
+use tcg_core::engine::{envelope_subject, sig_path, signature_summary, Engine, TrustSettings};
 use tcg_core::identity;
 use tcg_core::Code;
 
@@ -55,13 +55,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Verify an artifact completely and print its metadata as JSON (exit 0 valid, 1 refused).
+    /// Verify an artifact completely and print its metadata as JSON (exit 0 valid, 1 refused);
+    /// with --trust, also require a trusted signature in ARTIFACT.sig.
     Verify {
         /// A compiled_graph.tar.gz envelope.
         artifact: PathBuf,
         /// Also admit it on this host (host ISA).
         #[arg(long)]
         host: bool,
+        #[command(flatten)]
+        trust: TrustArg,
         /// Print this project's canonical report object instead of the metadata.
         #[arg(long)]
         json: bool,
@@ -89,10 +92,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Verify an envelope, admit it on this host and store it under a key.
+    /// Verify an envelope, admit it on this host and store it under a key
+    /// (with its signatures from PATH.sig; under a trust policy, only if one
+    /// is trusted).
     Import {
         #[command(flatten)]
         store: StoreArg,
+        #[command(flatten)]
+        trust: TrustArg,
         /// The compiled-graph key the artifact states.
         key: String,
         /// The envelope file.
@@ -101,7 +108,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write the exact stored envelope of a key to a file.
+    /// Write the exact stored envelope of a key to a file, and its signatures
+    /// (if any) to PATH.sig.
     Export {
         #[command(flatten)]
         store: StoreArg,
@@ -109,6 +117,24 @@ enum Command {
         key: String,
         /// The file to create.
         path: PathBuf,
+    },
+    /// Sign the artifact stored for a key with an OpenSSH ed25519 private key
+    /// (after verifying it in full).
+    Sign {
+        #[command(flatten)]
+        store: StoreArg,
+        /// The OpenSSH private key file (unencrypted ssh-ed25519, mode 0600).
+        #[arg(long, value_name = "PRIVATE_KEY_FILE")]
+        key: PathBuf,
+        /// The producer named in the statement [default: the key's comment,
+        /// else $TORCH_COMPILED_GRAPHS_PRODUCER, else the host name].
+        #[arg(long)]
+        producer: Option<String>,
+        /// The compiled-graph key.
+        graph_key: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// List stored keys with graph class, sm, size and last use.
     Ls {
@@ -155,6 +181,73 @@ pub(crate) struct StoreArg {
     /// The store root [default: $XDG_CACHE_HOME/torch-compiled-graphs].
     #[arg(long = "cas-root", value_name = "DIR")]
     cas_root: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct TrustArg {
+    /// An OpenSSH allowed_signers file: admit only artifacts a listed signer
+    /// signed [default: $TORCH_COMPILED_GRAPHS_TRUST].
+    #[arg(long, value_name = "ALLOWED_SIGNERS")]
+    trust: Option<PathBuf>,
+    /// A file of revoked public keys [default: $TORCH_COMPILED_GRAPHS_REVOKED_KEYS].
+    #[arg(long, value_name = "FILE")]
+    revoked_keys: Option<PathBuf>,
+}
+
+impl TrustArg {
+    fn settings(&self) -> TrustSettings {
+        TrustSettings {
+            trust: self.trust.clone(),
+            revoked_keys: self.revoked_keys.clone(),
+            ..TrustSettings::default()
+        }
+        .with_env()
+    }
+}
+
+/// The signatures of ARTIFACT.sig, each checked against the envelope.
+fn signature_rows(artifact: &std::path::Path) -> anyhow::Result<Option<Vec<Value>>> {
+    let sig = sig_path(artifact);
+    let bytes = match tcg_trust::read_small_file(&sig) {
+        Ok(b) => b,
+        Err(tcg_trust::TrustError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(tcg_core::Error::from_trust(e).into()),
+    };
+    let entries = tcg_trust::parse_document(&bytes)
+        .map_err(tcg_core::Error::from_trust)
+        .with_context(|| format!("cannot read {}", sig.display()))?;
+    let subject = envelope_subject(artifact)?;
+    let verdicts = tcg_trust::verify_entries(&entries, &subject);
+    let mut rows = Vec::new();
+    for (entry, verdict) in entries.iter().zip(verdicts) {
+        let row = match verdict {
+            Ok(v) => {
+                let mut m = match signature_summary(&v) {
+                    Value::Object(m) => m,
+                    _ => Map::new(),
+                };
+                m.insert("valid".into(), Value::Bool(true));
+                m
+            }
+            Err(e) => {
+                let mut m = Map::new();
+                if let Ok(st) = tcg_trust::Statement::parse(entry.statement.as_bytes()) {
+                    m.insert("producer".into(), st.producer.into());
+                    m.insert("signer".into(), st.signer.into());
+                    m.insert("time".into(), Value::Int(st.time));
+                }
+                m.insert("valid".into(), Value::Bool(false));
+                m.insert("error".into(), e.code().into());
+                m
+            }
+        };
+        rows.push(Value::Object(row));
+    }
+    Ok(Some(rows))
 }
 
 impl StoreArg {
@@ -272,8 +365,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Inspect { artifact, json } => {
-            let report = artifact::inspect(&artifact)
+            let mut report = artifact::inspect(&artifact)
                 .with_context(|| format!("cannot inspect {}", artifact.display()))?;
+            let signatures = signature_rows(&artifact)?;
+            if let (Value::Object(m), Some(rows)) = (&mut report, &signatures) {
+                m.insert("signatures".into(), Value::Array(rows.clone()));
+            }
             if json {
                 print_json(&report)?;
             } else {
@@ -283,17 +380,59 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                     .cloned()
                     .unwrap_or(Value::Null);
                 print_metadata(&md)?;
+                // stdout stays the metadata JSON (0.2.0's output); signers are notes on stderr.
+                for row in signatures.iter().flatten() {
+                    let r = row.as_object().expect("rows are objects");
+                    let text = |k: &str| match r.get(k) {
+                        Some(Value::Str(s)) => s.clone(),
+                        Some(Value::Int(i)) => i.to_string(),
+                        _ => "-".into(),
+                    };
+                    let verdict = match r.get("error") {
+                        Some(Value::Str(code)) => code.clone(),
+                        _ => "valid".into(),
+                    };
+                    eprintln!(
+                        "signature {} producer={} time={} {verdict}",
+                        text("fingerprint"),
+                        text("producer"),
+                        text("time")
+                    );
+                }
             }
             Ok(Outcome::Success)
         }
         Command::Verify {
             artifact,
             host,
+            trust,
             json,
         } => {
             let report = artifact::verify(&artifact, host)
                 .with_context(|| format!("{} was refused", artifact.display()))?;
+            let config = trust.settings().load()?;
             let mut m = metadata_summary(&report.envelope.metadata);
+            if let Some(policy) = config.policy() {
+                let subject = envelope_subject(&artifact)?;
+                let sig = sig_path(&artifact);
+                let entries = match tcg_trust::read_small_file(&sig) {
+                    Ok(bytes) => tcg_trust::parse_document(&bytes)
+                        .map_err(tcg_core::Error::from_trust)
+                        .with_context(|| format!("cannot read {}", sig.display()))?,
+                    Err(tcg_trust::TrustError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        Vec::new()
+                    }
+                    Err(e) => return Err(tcg_core::Error::from_trust(e).into()),
+                };
+                let admitted = policy
+                    .admit(&entries, &subject, tcg_trust::unix_now())
+                    .map_err(tcg_core::Error::from_trust)
+                    .with_context(|| format!("{} was refused", artifact.display()))?;
+                m.insert("trusted".into(), Value::Bool(true));
+                m.insert("trusted_by".into(), signature_summary(&admitted.signature));
+            }
             m.insert("verified".into(), Value::Bool(true));
             m.insert(
                 "host_admitted".into(),
@@ -313,6 +452,14 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                     ""
                 };
                 eprintln!("{}{admitted}", summary(md, "verified"));
+                if let Some(Value::Object(t)) = m.get("trusted_by") {
+                    let text = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("-");
+                    eprintln!(
+                        "trusted: signed by {} (producer {})",
+                        text("fingerprint"),
+                        text("producer")
+                    );
+                }
                 print_metadata(&Value::Object(md.value().clone()))?;
             }
             Ok(Outcome::Success)
@@ -357,12 +504,14 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
         }
         Command::Import {
             store,
+            trust,
             key,
             path,
             json,
         } => {
             let r = store
                 .engine()?
+                .with_trust(trust.settings().load()?)
                 .import_artifact(&key, &path)
                 .with_context(|| format!("cannot import {}", path.display()))?;
             let mut m = Map::new();
@@ -383,6 +532,27 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 .export_artifact(&key, &path)
                 .with_context(|| format!("cannot export {key}"))?;
             print_line(&out.display().to_string())?;
+            Ok(Outcome::Success)
+        }
+        Command::Sign {
+            store,
+            key,
+            producer,
+            graph_key,
+            json,
+        } => {
+            let settings = TrustSettings {
+                signing_key: Some(key.clone()),
+                producer,
+                ..TrustSettings::default()
+            }
+            .with_env();
+            let signer = tcg_trust::Signer::from_file(&key).map_err(tcg_core::Error::from_trust)?;
+            let out = store
+                .engine()?
+                .sign_stored(&graph_key, &signer, settings.producer.as_deref())
+                .with_context(|| format!("cannot sign {graph_key}"))?;
+            print_report(&out, json)?;
             Ok(Outcome::Success)
         }
         Command::Ls { store, json } => {

@@ -40,6 +40,16 @@ pub fn report_error(err: &anyhow::Error) -> i32 {
         if let Some(hint) = hint(core) {
             let _ = writeln!(stderr, "hint: {hint}");
         }
+        use tcg_core::Code::{
+            TrustAllowedSignersInvalid, TrustCertAuthorityUnsupported, TrustSigningKeyInvalid,
+        };
+        // A trust file or key that cannot be used is a usage error, not a verdict.
+        if matches!(
+            core.code(),
+            TrustAllowedSignersInvalid | TrustCertAuthorityUnsupported | TrustSigningKeyInvalid
+        ) {
+            return 2;
+        }
         return match core.kind() {
             Kind::Artifact
             | Kind::Admission
@@ -65,6 +75,9 @@ fn hint(err: &Error) -> Option<&'static str> {
         StoreHashrepoRoot => Some(
             "the old root stays as it is: adopt copies and verifies every graph into the new root",
         ),
+        TrustUnsigned => Some("export the artifact from a store that signed it (ENVELOPE.sig beside it), or sign it with `sign`"),
+        TrustUntrustedSigner => Some("add the signer's public key and principal (the statement's producer) to the allowed_signers file"),
+        TrustCertAuthorityUnsupported => Some("list the signing keys themselves in allowed_signers"),
         DeclarationToolchainInvalid => {
             Some("a toolchain block is a JSON object of non-empty trimmed strings")
         }

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tcg_cj::{Map, Value};
 use tcg_core::artifact::literals::LiteralTensor;
-use tcg_core::engine::{Engine, MintOutput, Request, Resolved, StoreResult};
+use tcg_core::engine::{Engine, MintOutput, Request, Resolved, StoreResult, TrustSettings};
 use tcg_core::host_isa::HostIsa;
 use tcg_core::identity::{DeclarationInput, GraphClassDeclaration};
 use tcg_core::{Code, Error};
@@ -121,12 +121,69 @@ pub struct NativeEngine {
 #[pymethods]
 impl NativeEngine {
     #[new]
-    #[pyo3(signature = (root, lock_timeout=None))]
-    fn new(py: Python<'_>, root: PathBuf, lock_timeout: Option<f64>) -> PyResult<Self> {
-        let engine = py.detach(|| Engine::open(&root)).py()?;
+    #[pyo3(signature = (root, lock_timeout=None, signing_key=None, trust=None, revoked_keys=None, producer=None))]
+    fn new(
+        py: Python<'_>,
+        root: PathBuf,
+        lock_timeout: Option<f64>,
+        signing_key: Option<PathBuf>,
+        trust: Option<PathBuf>,
+        revoked_keys: Option<PathBuf>,
+        producer: Option<String>,
+    ) -> PyResult<Self> {
+        let settings = TrustSettings {
+            signing_key,
+            trust,
+            revoked_keys,
+            producer,
+        }
+        .with_env();
+        let engine = py
+            .detach(|| Ok::<_, Error>(Engine::open(&root)?.with_trust(settings.load()?)))
+            .py()?;
         Ok(NativeEngine {
             inner: engine.with_lock_timeout(lock_timeout.map(Duration::from_secs_f64)),
         })
+    }
+
+    /// Whether a trust policy is set.
+    #[getter]
+    fn trusting(&self) -> bool {
+        self.inner.trust().has_policy()
+    }
+
+    /// Whether mints are signed.
+    #[getter]
+    fn signing(&self) -> bool {
+        self.inner.trust().has_signer()
+    }
+
+    #[pyo3(signature = (key, key_file, producer=None))]
+    fn sign<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        key_file: PathBuf,
+        producer: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let key = key_arg(key)?;
+        let v = py
+            .detach(|| {
+                let signer = tcg_trust::Signer::from_file(&key_file).map_err(Error::from_trust)?;
+                self.inner.sign_stored(&key, &signer, producer.as_deref())
+            })
+            .py()?;
+        from_value(py, &v)
+    }
+
+    fn signers<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let key = key_arg(key)?;
+        let v = py.detach(|| self.inner.signers(&key)).py()?;
+        from_value(py, &Value::Array(v))
     }
 
     /// The store root.

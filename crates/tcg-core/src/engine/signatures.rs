@@ -125,6 +125,11 @@ impl TrustConfig {
         self.policy.is_some()
     }
 
+    /// The trust policy, if one is set.
+    pub fn policy(&self) -> Option<&TrustPolicy> {
+        self.policy.as_deref()
+    }
+
     /// Whether mints are signed.
     pub fn has_signer(&self) -> bool {
         self.signer.is_some()
