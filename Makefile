@@ -8,7 +8,7 @@ UV := $(PYTHON) -m uv
 CARGO_TEST_FLAGS ?=
 export UV_LINK_MODE ?= copy
 
-.PHONY: test demo bench develop deps rust-checks python-checks clean
+.PHONY: test demo bench develop deps ssh-keygen rust-checks python-checks clean
 
 # Everything CI checks: formatting, lints, Rust tests, Python lints, types
 # (mypy, and stubtest of the hand-written _native.pyi) and tests.
@@ -41,12 +41,22 @@ deps: $(VENV)/.deps-ready
 develop: deps
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --uv --quiet
 
-rust-checks: deps  # tcg-run's tests load libtorch from the venv
+# The trust tests run the real OpenSSH ssh-keygen (interop both ways). A
+# machine without it gets openssh-client from apt (as root, or through
+# passwordless sudo); anything else fails here with the reason.
+ssh-keygen:
+	@command -v ssh-keygen >/dev/null 2>&1 || { \
+	  echo "ssh-keygen is missing: installing openssh-client for the trust tests" >&2; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq openssh-client; \
+	  else sudo -n apt-get update -qq && sudo -n apt-get install -y -qq openssh-client; fi; }
+	@command -v ssh-keygen >/dev/null 2>&1 || { echo "error: ssh-keygen is required (install openssh-client)" >&2; exit 2; }
+
+rust-checks: deps ssh-keygen  # tcg-run's tests load libtorch from the venv
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 	cargo test --workspace --exclude tcg-py $(CARGO_TEST_FLAGS)
 
-python-checks:
+python-checks: ssh-keygen
 	$(VENV)/bin/ruff check python tests scripts
 	$(VENV)/bin/ruff format --check python tests scripts
 	$(VENV)/bin/mypy

@@ -56,9 +56,9 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 def ssh_keygen_verifies(entry: dict[str, str], allowed: Path, principal: str, work: Path) -> bool:
     (work / "entry.sig").write_text(entry["sshsig"])
+    args = ["-Y", "verify", "-n", "torch-compiled-graphs", "-I", principal, "-f", str(allowed)]
     out = subprocess.run(
-        ["ssh-keygen", "-Y", "verify", "-n", "torch-compiled-graphs", "-I", principal, "-f", str(allowed)]
-        + ["-s", str(work / "entry.sig")],
+        ["ssh-keygen", *args, "-s", str(work / "entry.sig")],
         input=entry["statement"].encode(),
         capture_output=True,
     )

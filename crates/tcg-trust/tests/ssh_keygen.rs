@@ -175,6 +175,16 @@ fn ssh_keygen_verifies_our_signature_and_we_verify_its() {
     assert_eq!(parse_document(&doc).unwrap(), vec![ours, theirs]);
 }
 
+/// (policy text, revoked keys, entry, principal, expected code, whether OpenSSH refuses too)
+type Case<'a> = (
+    String,
+    Option<String>,
+    SignedStatement,
+    &'a str,
+    &'a str,
+    bool,
+);
+
 #[test]
 fn every_refusal_has_its_code_and_openssh_agrees() {
     let dir = tempfile::tempdir().unwrap();
@@ -186,7 +196,6 @@ fn every_refusal_has_its_code_and_openssh_agrees() {
     let good = sa.sign(&sa.statement(&subject(), "a@x", t)).unwrap();
     let line = |opts: &str| format!("a@x {opts} {}\n", a.public);
 
-    // (policy text, revoked, entry, expected code, whether OpenSSH also refuses)
     let mut tampered = good.clone();
     tampered.statement = tampered.statement.replace(&"2".repeat(64), &"5".repeat(64));
     let by_b = sb.sign(&sb.statement(&subject(), "a@x", t)).unwrap();
@@ -196,7 +205,7 @@ fn every_refusal_has_its_code_and_openssh_agrees() {
     let mut swapped_signer = sa.statement(&subject(), "a@x", t);
     swapped_signer.signer = tcg_trust::openssh_public(sb.public_key());
     let swapped = sa.sign(&swapped_signer).unwrap();
-    let cases: Vec<(String, Option<String>, SignedStatement, &str, &str, bool)> = vec![
+    let cases: Vec<Case<'_>> = vec![
         (line(""), None, tampered, "a@x", "trust.bad_signature", true),
         (line(""), None, by_b, "a@x", "trust.untrusted_signer", true),
         (line(""), None, other_ns, "a@x", "trust.namespace", true),
