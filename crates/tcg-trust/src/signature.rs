@@ -196,8 +196,11 @@ pub fn parse_document(bytes: &[u8]) -> Result<Vec<SignedStatement>> {
     list.iter().map(SignedStatement::from_value).collect()
 }
 
-/// Read a small trust file without following a symlink at its last component,
-/// refusing anything but a regular file of at most [`MAX_DOCUMENT_BYTES`].
+/// Read a small file the caller named (a policy, a key, a `.sig` beside an
+/// envelope), refusing anything but a regular file of at most
+/// [`MAX_DOCUMENT_BYTES`]. Symlinks are followed: these are the operator's
+/// paths, not store paths (a Kubernetes ConfigMap, for one, mounts files as
+/// symlinks); `O_NONBLOCK` keeps a FIFO from hanging the open.
 pub fn read_small_file(path: &Path) -> Result<Vec<u8>> {
     let io = |source| TrustError::Io {
         path: path.to_path_buf(),
@@ -205,7 +208,7 @@ pub fn read_small_file(path: &Path) -> Result<Vec<u8>> {
     };
     let mut f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .map_err(io)?;
     let md = f.metadata().map_err(io)?;
