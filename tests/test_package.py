@@ -128,8 +128,8 @@ ORIGINAL_ROOT = {
 }
 
 
-def test_root_exports_are_the_original_list_plus_local_cas_and_record_toolchain() -> None:
-    assert set(tcg.__all__) == ORIGINAL_ROOT | {"LocalCAS", "record_toolchain"}
+def test_root_exports_are_the_original_list_plus_local_cas_record_toolchain_and_trust_error() -> None:
+    assert set(tcg.__all__) == ORIGINAL_ROOT | {"LocalCAS", "record_toolchain", "TrustError"}
     for name in tcg.__all__:
         assert getattr(tcg, name) is not None
     assert tcg.COMPILED_GRAPH_FORMAT == 1
@@ -150,5 +150,5 @@ def test_the_console_script_runs_the_native_cli() -> None:
     out = subprocess.run([str(script), "check-key", "cg-key-v1-" + "0" * 56], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout == "valid\n"
     help_text = subprocess.run([str(script), "--help"], capture_output=True, text=True).stdout
-    for command in ("inspect", "verify", "resolve", "import", "export", "ls", "gc", "fsck", "stats"):
+    for command in ("inspect", "verify", "resolve", "import", "export", "sign", "ls", "gc", "fsck", "stats"):
         assert command in help_text
