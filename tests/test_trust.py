@@ -138,7 +138,7 @@ def test_cli_sign_export_verify_inspect_and_import(tmp_path: Path) -> None:
     inspected = json.loads(cli("inspect", str(out), "--json").stdout)
     assert [(s["producer"], s["valid"]) for s in inspected["signatures"]] == [("ci@a.example", True)]
     text = cli("inspect", str(out))
-    assert json.loads(text.stdout)["key"] == REFERENCE_KEY, "stdout stays the metadata JSON"
+    assert json.loads(text.stdout)["compiled_graph_key"] == REFERENCE_KEY, "stdout stays the metadata JSON"
     assert "signature SHA256:" in text.stderr
 
     untrusted = tmp_path / "untrusted_signers"
