@@ -227,7 +227,8 @@ impl Engine {
         if let Some(e) = rest {
             return Err(e);
         }
-        let (m, _report, stage) = ingested?;
+        let (info, _report, stage) = ingested?;
+        let m = info.manifest;
         if trailing > 0 {
             return Err(Error::new(
                 Code::ArtifactGzipTrailing,
