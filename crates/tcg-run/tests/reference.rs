@@ -60,6 +60,7 @@ fn load(u: &Unpacked) -> tcg_core::Result<Graph> {
         &u.path.join("model.pt2"),
         ENTRY,
         "cpu",
+        u.metadata.sm(),
         u.metadata.constants().to_vec(),
     )
 }
@@ -91,6 +92,7 @@ fn call(graph: &Graph, x: &[f32], shape: &[i64]) -> tcg_core::Result<Vec<f32>> {
         nbytes: std::mem::size_of_val(x),
         dtype: "float32".into(),
         shape: shape.to_vec(),
+        device: tcg_run::Device::Cpu,
     };
     // SAFETY: `x` is a live slice of exactly `nbytes` bytes for the whole call.
     let out = unsafe { graph.run(&[input]) }?;
@@ -186,6 +188,7 @@ fn wrong_inputs_are_refused_before_the_container_runs() {
         nbytes: 512,
         dtype: "int64".into(),
         shape: vec![4, 16],
+        device: tcg_run::Device::Cpu,
     };
     // SAFETY: `ints` holds 512 bytes for the whole call.
     assert_eq!(
@@ -204,17 +207,18 @@ fn a_constant_table_that_disagrees_with_the_package_is_refused() {
     let u = reference();
     let mut rows = u.metadata.constants().to_vec();
     rows.pop();
-    let err = Graph::load(torch(), &u.path.join("model.pt2"), ENTRY, "cpu", rows).unwrap_err();
+    let err = Graph::load(torch(), &u.path.join("model.pt2"), ENTRY, "cpu", u.metadata.sm(), rows).unwrap_err();
     assert_eq!(err.code(), Code::RunPackageInvalid);
     let mut rows = u.metadata.constants().to_vec();
     rows[0].dtype = "float16".into();
-    let err = Graph::load(torch(), &u.path.join("model.pt2"), ENTRY, "cpu", rows).unwrap_err();
+    let err = Graph::load(torch(), &u.path.join("model.pt2"), ENTRY, "cpu", u.metadata.sm(), rows).unwrap_err();
     assert_eq!(err.code(), Code::RunPackageInvalid);
     let err = Graph::load(
         torch(),
         &u.path.join("model.pt2"),
         "model/other",
         "cpu",
+        u.metadata.sm(),
         u.metadata.constants().to_vec(),
     )
     .unwrap_err();
@@ -224,10 +228,12 @@ fn a_constant_table_that_disagrees_with_the_package_is_refused() {
         &u.path.join("model.pt2"),
         ENTRY,
         "cuda",
+        u.metadata.sm(),
         u.metadata.constants().to_vec(),
     )
     .unwrap_err();
-    assert_eq!(err.code(), Code::RunNativeUnsupported);
+    // A CPU artifact cannot run on a GPU, whatever the machine has.
+    assert_eq!(err.code(), Code::RunDeviceMismatch);
 }
 
 #[test]
@@ -311,4 +317,42 @@ fn a_second_libtorch_directory_is_refused() {
         Torch::open(missing).unwrap_err().code(),
         Code::RunTorchNotFound
     );
+}
+
+#[test]
+fn without_a_usable_gpu_cuda_is_refused_as_a_device_mismatch() {
+    // This machine's torch has CUDA support but no device is visible (CI and
+    // the development machine); on a GPU machine the CUDA suite covers the rest.
+    let torch = torch();
+    if !torch.dir().join("libtorch_cuda.so").is_file() {
+        let err = torch.cuda().unwrap_err();
+        assert_eq!(err.code(), Code::RunDeviceMismatch);
+        return;
+    }
+    match torch.cuda() {
+        Ok(cuda) => {
+            // A GPU is visible: its capability is readable and a bad index refused.
+            let (major, _) = cuda.capability(0).unwrap();
+            assert!(major >= 3);
+            assert_eq!(
+                cuda.capability(4096).unwrap_err().code(),
+                Code::RunDeviceMismatch
+            );
+        }
+        Err(err) => {
+            assert_eq!(err.code(), Code::RunDeviceMismatch, "{err}");
+            assert!(err.message().contains("CUDA is not available"), "{err}");
+        }
+    }
+    let u = reference();
+    let err = Graph::load(
+        torch,
+        &u.path.join("model.pt2"),
+        ENTRY,
+        "cuda:0",
+        "sm_90",
+        u.metadata.constants().to_vec(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), Code::RunDeviceMismatch);
 }
