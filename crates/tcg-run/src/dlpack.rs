@@ -175,6 +175,8 @@ pub struct Imported {
 // DLPack producers' deleters may be called from any thread (those of Python
 // libraries take the interpreter lock themselves).
 unsafe impl Send for Imported {}
+// SAFETY: nothing is mutated after construction; the deleter runs in `Drop` only.
+unsafe impl Sync for Imported {}
 
 impl std::fmt::Debug for Imported {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -530,26 +530,34 @@ impl OwnedTensor {
         Ok(())
     }
 
-    /// The tensor's elements as C-contiguous host bytes (a device tensor is
-    /// copied after the work queued on its stream; a host one is copied too).
-    pub fn to_host(&self) -> Result<Vec<u8>> {
-        let host = OwnedTensor::empty(&self.torch, &self.sizes, self.dtype, Device::Cpu, 0)?;
-        let _guard = match self.device {
-            Device::Cuda(i) => Some(self.torch.cuda()?.stream_guard(self.stream, i)?),
-            Device::Cpu => None,
+    /// A C-contiguous copy on `device`, ordered after the work queued on
+    /// this tensor's stream; returns once the copy is done when either side is
+    /// host memory (a device-to-device copy is queued on the stream).
+    pub fn copy_to(&self, device: Device) -> Result<OwnedTensor> {
+        let stream = if device.is_cuda() { self.stream } else { 0 };
+        let out = OwnedTensor::empty(&self.torch, &self.sizes, self.dtype, device, stream)?;
+        let _guard = match (self.device, device) {
+            (Device::Cuda(i), _) => Some(self.torch.cuda()?.stream_guard(self.stream, i)?),
+            (Device::Cpu, Device::Cuda(i)) => Some(self.torch.cuda()?.stream_guard(stream, i)?),
+            (Device::Cpu, Device::Cpu) => None,
         };
-        // SAFETY: both handles are live; the copy is blocking (a device-to-host
-        // copy waits for the stream, then for the copy itself).
-        let rc = unsafe { (self.torch.shim.copy)(host.handle, self.handle, 0) };
+        // SAFETY: both handles are live; a blocking copy (non_blocking = 0).
+        let rc = unsafe { (self.torch.shim.copy)(out.handle, self.handle, 0) };
         if rc != 0 {
             return Err(Error::new(
                 Code::RunExecutionFailed,
-                format!("libtorch could not copy a tensor from {}", self.device),
+                format!("libtorch could not copy a tensor from {} to {device}", self.device),
             ));
         }
-        let n = self.nbytes();
-        // SAFETY: `host` is a fresh C-contiguous CPU tensor of `n` bytes.
-        Ok(unsafe { std::slice::from_raw_parts(host.data as *const u8, n) }.to_vec())
+        Ok(out)
+    }
+
+    /// The tensor's elements as C-contiguous host bytes (a device tensor is
+    /// copied after the work queued on its stream).
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        let host = self.copy_to(Device::Cpu)?;
+        // SAFETY: `host` is a fresh C-contiguous CPU tensor of `nbytes` bytes.
+        Ok(unsafe { std::slice::from_raw_parts(host.data as *const u8, host.nbytes()) }.to_vec())
     }
 
     /// Give the handle away (to a callee that steals it, as `Run` does with
