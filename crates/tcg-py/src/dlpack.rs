@@ -36,9 +36,8 @@ impl DLPackInput {
     #[new]
     fn new(capsule: &Bound<'_, PyAny>) -> PyResult<Self> {
         let cap = capsule.as_ptr();
-        let refused = |m: &str| {
-            Error::new(Code::RunInputLayout, format!("not a DLPack capsule: {m}"))
-        };
+        let refused =
+            |m: &str| Error::new(Code::RunInputLayout, format!("not a DLPack capsule: {m}"));
         // SAFETY: `cap` is a live object (borrowed from `capsule`); the capsule
         // calls only read its name and pointer, and the rename marks it
         // consumed so that its destructor leaves the tensor to us.

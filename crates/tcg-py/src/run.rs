@@ -51,7 +51,10 @@ fn upload(
         .detach(move || {
             let torch = Torch::open(&torch_lib)?;
             let dtype = torch.dtype_by_name(&dtype).ok_or_else(|| {
-                Error::new(Code::RunInputMismatch, format!("the native path has no dtype {dtype:?}"))
+                Error::new(
+                    Code::RunInputMismatch,
+                    format!("the native path has no dtype {dtype:?}"),
+                )
             })?;
             let device = Device::parse(&device)?;
             if device.is_cuda() {
@@ -157,7 +160,8 @@ impl NativeModel {
             if let Ok(dl) = item.cast::<DLPackInput>() {
                 described.push(dl.get().input());
             } else {
-                let (data, nbytes, dtype, shape): (usize, usize, String, Vec<i64>) = item.extract()?;
+                let (data, nbytes, dtype, shape): (usize, usize, String, Vec<i64>) =
+                    item.extract()?;
                 described.push(Input {
                     data,
                     nbytes,

@@ -134,9 +134,8 @@ impl Graph {
                 // into memory that the stream owns (freed after the run, in
                 // stream order, when the container drops the handle).
                 // SAFETY: as above, `data` addresses `nbytes` host bytes.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(input.data as *const u8, input.nbytes)
-                };
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(input.data as *const u8, input.nbytes) };
                 Described::Copied(OwnedTensor::from_host(
                     &self.torch,
                     bytes,
@@ -237,4 +236,3 @@ fn check_fact(i: usize, input: &Input, fact: &InputFact) -> Result<()> {
     }
     Ok(())
 }
-

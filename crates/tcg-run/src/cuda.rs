@@ -391,7 +391,15 @@ mod tests {
         assert_eq!(Device::parse("cuda").unwrap(), Device::Cuda(0));
         assert_eq!(Device::parse("cuda:3").unwrap(), Device::Cuda(3));
         assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
-        for bad in ["", "gpu", "cuda:", "cuda:-1", "cuda:x", "cuda:99999", "cuda:0 "] {
+        for bad in [
+            "",
+            "gpu",
+            "cuda:",
+            "cuda:-1",
+            "cuda:x",
+            "cuda:99999",
+            "cuda:0 ",
+        ] {
             let err = Device::parse(bad).unwrap_err();
             assert_eq!(err.code(), Code::RunDeviceMismatch, "{bad:?}");
         }

@@ -266,7 +266,9 @@ impl Imported {
             other => {
                 return Err(Error::new(
                     Code::RunDeviceMismatch,
-                    format!("a DLPack tensor on device type {other}, which the native path does not run on"),
+                    format!(
+                    "a DLPack tensor on device type {other}, which the native path does not run on"
+                ),
                 ))
             }
         };
@@ -361,7 +363,8 @@ fn dl_tensor(tensor: &OwnedTensor, ctx: &mut Context) -> DLTensor {
         data: tensor.data_ptr() as *mut c_void,
         device: dl_device(tensor.device()),
         ndim: ctx.shape.len() as i32,
-        dtype: dl_dtype(tensor.dtype().name).expect("every dtype of the native path has a DLPack type"),
+        dtype: dl_dtype(tensor.dtype().name)
+            .expect("every dtype of the native path has a DLPack type"),
         shape: ctx.shape.as_mut_ptr(),
         strides: ctx.strides.as_mut_ptr(),
         byte_offset: 0,
@@ -429,8 +432,22 @@ mod tests {
             assert_eq!(dtype_name(t), Some(name));
             assert_eq!(usize::from(t.bits / 8), size, "{name}");
         }
-        assert_eq!(dtype_name(DLDataType { code: 2, bits: 32, lanes: 4 }), None);
-        assert_eq!(dtype_name(DLDataType { code: 5, bits: 64, lanes: 1 }), None);
+        assert_eq!(
+            dtype_name(DLDataType {
+                code: 2,
+                bits: 32,
+                lanes: 4
+            }),
+            None
+        );
+        assert_eq!(
+            dtype_name(DLDataType {
+                code: 5,
+                bits: 64,
+                lanes: 1
+            }),
+            None
+        );
     }
 
     static DELETED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -472,7 +489,8 @@ mod tests {
         let before = DELETED.load(std::sync::atomic::Ordering::SeqCst);
         let mut shape = [3, 4];
         // SAFETY: a live managed tensor whose deleter frees only the box.
-        let ok = unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 1, 4)) }.unwrap();
+        let ok =
+            unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 1, 4)) }.unwrap();
         assert_eq!(ok.input().shape, vec![3, 4]);
         assert_eq!(ok.input().nbytes, 48);
         assert_eq!(ok.input().data, data.as_ptr() as usize + 4);
@@ -482,25 +500,34 @@ mod tests {
         let mut shape = [1, 4];
         let mut strides = [99, 1];
         // SAFETY: as above.
-        unsafe { Imported::from_legacy(managed(&mut data, &mut shape, Some(&mut strides), 1, 0)) }.unwrap();
+        unsafe { Imported::from_legacy(managed(&mut data, &mut shape, Some(&mut strides), 1, 0)) }
+            .unwrap();
         let mut shape = [4, 3];
         let mut strides = [1, 4];
         // SAFETY: as above.
-        let err = unsafe { Imported::from_legacy(managed(&mut data, &mut shape, Some(&mut strides), 1, 0)) }
-            .unwrap_err();
+        let err = unsafe {
+            Imported::from_legacy(managed(&mut data, &mut shape, Some(&mut strides), 1, 0))
+        }
+        .unwrap_err();
         assert_eq!(err.code(), Code::RunInputLayout);
         let mut shape = [3];
         // SAFETY: as above; a misaligned offset and an unknown device are refused.
-        let err = unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 1, 2)) }.unwrap_err();
+        let err = unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 1, 2)) }
+            .unwrap_err();
         assert_eq!(err.code(), Code::RunInputLayout);
         // SAFETY: as above.
-        let err = unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 7, 0)) }.unwrap_err();
+        let err = unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 7, 0)) }
+            .unwrap_err();
         assert_eq!(err.code(), Code::RunDeviceMismatch);
         let mut shape = [2, 2];
         // SAFETY: as above (CUDA: described, not touched).
-        let gpu = unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 2, 0)) }.unwrap();
+        let gpu =
+            unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 2, 0)) }.unwrap();
         assert_eq!(gpu.input().device, Device::Cuda(0));
         drop(gpu);
-        assert_eq!(DELETED.load(std::sync::atomic::Ordering::SeqCst) - before, 6);
+        assert_eq!(
+            DELETED.load(std::sync::atomic::Ordering::SeqCst) - before,
+            6
+        );
     }
 }

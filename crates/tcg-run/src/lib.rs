@@ -22,10 +22,12 @@ pub mod dlpack;
 pub mod extract;
 pub mod graph;
 pub mod inputs;
+pub mod serve;
 pub mod torch;
 pub mod weights;
 
 pub use cuda::{Cuda, Device};
 pub use graph::{ContainerConstant, Graph, Input};
 pub use inputs::{Dim, InputFact};
+pub use serve::Served;
 pub use torch::{Dtype, OwnedTensor, Torch};

@@ -221,7 +221,9 @@ impl Torch {
     /// support, or a machine without a usable device, is `run.device_mismatch`.
     pub fn cuda(&self) -> Result<&'static Cuda> {
         // One libtorch directory per process (see `open`), so one CUDA state.
-        match CUDA.get_or_init(|| Cuda::open(&self.dir).map_err(|e| (e.code(), e.message().to_owned()))) {
+        match CUDA
+            .get_or_init(|| Cuda::open(&self.dir).map_err(|e| (e.code(), e.message().to_owned())))
+        {
             Ok(cuda) => {
                 cuda.device_count()?;
                 Ok(cuda)
@@ -406,7 +408,9 @@ impl OwnedTensor {
         } else if device_type == shim.device_cuda {
             Device::Cuda(device_index)
         } else {
-            return Err(fail(&format!("device (type {device_type} is not supported)")));
+            return Err(fail(&format!(
+                "device (type {device_type} is not supported)"
+            )));
         };
         let copy = |p: *const i64| -> Vec<i64> {
             if dim == 0 {
@@ -488,9 +492,9 @@ impl OwnedTensor {
         device: Device,
         stream: usize,
     ) -> Result<OwnedTensor> {
-        let need = shape
-            .iter()
-            .try_fold(dtype.size, |n, &d| usize::try_from(d).ok().and_then(|d| n.checked_mul(d)));
+        let need = shape.iter().try_fold(dtype.size, |n, &d| {
+            usize::try_from(d).ok().and_then(|d| n.checked_mul(d))
+        });
         if need != Some(src.len()) {
             return Err(Error::new(
                 Code::RunInputLayout,
@@ -505,7 +509,13 @@ impl OwnedTensor {
         // SAFETY: `src` holds exactly the bytes the shape needs (checked above)
         // and lives until `copy_from` returns, which waits for the copy.
         let host = unsafe {
-            BorrowedTensor::new(torch, src.as_ptr() as *mut c_void, shape, dtype, Device::Cpu)?
+            BorrowedTensor::new(
+                torch,
+                src.as_ptr() as *mut c_void,
+                shape,
+                dtype,
+                Device::Cpu,
+            )?
         };
         out.copy_from(host.handle())?;
         Ok(out)
@@ -546,7 +556,10 @@ impl OwnedTensor {
         if rc != 0 {
             return Err(Error::new(
                 Code::RunExecutionFailed,
-                format!("libtorch could not copy a tensor from {} to {device}", self.device),
+                format!(
+                    "libtorch could not copy a tensor from {} to {device}",
+                    self.device
+                ),
             ));
         }
         Ok(out)

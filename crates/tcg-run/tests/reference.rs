@@ -207,11 +207,27 @@ fn a_constant_table_that_disagrees_with_the_package_is_refused() {
     let u = reference();
     let mut rows = u.metadata.constants().to_vec();
     rows.pop();
-    let err = Graph::load(torch(), &u.path.join("model.pt2"), ENTRY, "cpu", u.metadata.sm(), rows).unwrap_err();
+    let err = Graph::load(
+        torch(),
+        &u.path.join("model.pt2"),
+        ENTRY,
+        "cpu",
+        u.metadata.sm(),
+        rows,
+    )
+    .unwrap_err();
     assert_eq!(err.code(), Code::RunPackageInvalid);
     let mut rows = u.metadata.constants().to_vec();
     rows[0].dtype = "float16".into();
-    let err = Graph::load(torch(), &u.path.join("model.pt2"), ENTRY, "cpu", u.metadata.sm(), rows).unwrap_err();
+    let err = Graph::load(
+        torch(),
+        &u.path.join("model.pt2"),
+        ENTRY,
+        "cpu",
+        u.metadata.sm(),
+        rows,
+    )
+    .unwrap_err();
     assert_eq!(err.code(), Code::RunPackageInvalid);
     let err = Graph::load(
         torch(),
