@@ -86,10 +86,11 @@ def test_export_arguments_of_the_array_api_are_honoured(native: NativeGraph, io:
 
 def test_torch_tensors_go_in_and_come_out_through_dlpack(native: NativeGraph, io: dict[str, np.ndarray]) -> None:
     import torch
+    from torch.utils.dlpack import from_dlpack
 
     x = torch.from_numpy(io["x"].copy())
     out = native(x)  # a torch tensor has __dlpack__ and no __array_interface__
-    y = torch.from_dlpack(out)
+    y = from_dlpack(out)
     assert y.data_ptr() == out.__array_interface__["data"][0]
     torch.testing.assert_close(y, torch.from_numpy(io["y"]), rtol=1e-5, atol=1e-6)
     # Inputs are checked as arrays are, before the graph runs.
@@ -106,12 +107,13 @@ def test_torch_tensors_go_in_and_come_out_through_dlpack(native: NativeGraph, io
 
 def test_from_buffer_makes_tensors_numpy_has_no_type_for(graph: StoredCompiledGraph) -> None:
     import torch
+    from torch.utils.dlpack import from_dlpack
 
     values = torch.tensor([[1.5, -2.0, 3.25], [0.0, 1e-3, -7.0]], dtype=torch.bfloat16)
     raw = values.view(torch.int16).numpy().view(np.uint16)
     t = from_buffer(raw, "bfloat16", [2, 3])
     assert (t.dtype, t.shape, t.device) == ("bfloat16", (2, 3), "cpu")
-    assert torch.equal(torch.from_dlpack(t), values)
+    assert torch.equal(from_dlpack(t), values)
     assert from_buffer(raw.tobytes(), "bfloat16", (2, 3)).shape == (2, 3)  # read-only bytes are copied
     back = t.cpu()
     assert back.__array_interface__["data"][0] != t.__array_interface__["data"][0]

@@ -223,8 +223,10 @@ def _describe(value: object) -> str:
 
 
 def _is_array(value: object) -> bool:
-    return hasattr(value, "__array_interface__") or hasattr(value, "__dlpack__") or (
-        not isinstance(value, (str, bytes, int, float, bool)) and value is not None and _has_buffer(value)
+    return (
+        hasattr(value, "__array_interface__")
+        or hasattr(value, "__dlpack__")
+        or (not isinstance(value, (str, bytes, int, float, bool)) and value is not None and _has_buffer(value))
     )
 
 
