@@ -20,6 +20,7 @@ use tcg_core::{Code, Error, Result};
 use crate::cuda::{Device, DeviceBuffer};
 use crate::extract::{extract, Extracted};
 use crate::inputs::{input_facts, InputFact};
+use crate::stdmap::CxxAbi;
 use crate::torch::{BorrowedTensor, Dtype, TensorHandle, Torch};
 use crate::weights::Mapped;
 
@@ -40,6 +41,7 @@ type GetBool = unsafe extern "C" fn(Container, usize, *mut bool) -> i32;
 type GetI32 = unsafe extern "C" fn(Container, usize, *mut i32) -> i32;
 type UpdatePairs =
     unsafe extern "C" fn(Container, *const ConstantMapEntry, usize, bool, bool) -> i32;
+type UpdateMap = unsafe extern "C" fn(Container, *mut c_void, bool, bool) -> i32;
 type GetCallSpec = unsafe extern "C" fn(Container, *mut *const c_char, *mut *const c_char) -> i32;
 type Run = unsafe extern "C" fn(
     Container,
@@ -55,9 +57,10 @@ pub(crate) type LastError = unsafe extern "C" fn(*mut *const c_char) -> i32;
 #[derive(Clone, Copy)]
 pub(crate) struct Api {
     delete: Delete,
-    update_pairs: UpdatePairs,
+    update_pairs: Option<UpdatePairs>,
+    update_map: Option<UpdateMap>,
     pub(crate) run: Run,
-    pub(crate) last_error: LastError,
+    pub(crate) last_error: Option<LastError>,
 }
 
 /// One constant of the container, in its index order.
@@ -105,6 +108,8 @@ pub struct Graph {
     // Runs share the lock; binding takes it alone (the container does not
     // guard its active constant buffer against a concurrent update).
     pub(crate) lock: RwLock<()>,
+    // libstdc++'s layout and hash, when the runtime binds through a std map.
+    cxx: Option<CxxAbi>,
     // Dropped after the container (field order): the .so, then its directory.
     _library: Library,
     _extracted: Extracted,
@@ -199,12 +204,25 @@ impl Graph {
         let create: CreateWithDevice = get(&library, "AOTInductorModelContainerCreateWithDevice")?;
         let api = Api {
             delete: get(&library, "AOTInductorModelContainerDelete")?,
+            // The C pairs API is newer than some runtimes (torch 2.11 has only
+            // the std::unordered_map one); either binds the same way.
             update_pairs: get(
                 &library,
                 "AOTInductorModelContainerUpdateConstantBufferPairs",
-            )?,
+            )
+            .ok(),
+            update_map: get(&library, "AOTInductorModelContainerUpdateConstantBuffer").ok(),
             run: get(&library, "AOTInductorModelContainerRun")?,
-            last_error: get(&library, "AOTInductorGetLastError")?,
+            // Older runtimes print their errors to stderr and export no getter.
+            last_error: get(&library, "AOTInductorGetLastError").ok(),
+        };
+        let cxx = match (api.update_pairs, api.update_map) {
+            (Some(_), _) => None,
+            (None, Some(_)) => Some(CxxAbi::open(torch.dir())?),
+            (None, None) => return Err(invalid(
+                "the graph's .so exports no way to bind constants (UpdateConstantBuffer[Pairs])"
+                    .into(),
+            )),
         };
         let num_constants: GetCount = get(&library, "AOTInductorModelContainerGetNumConstants")?;
         let constant_name: GetStr = get(&library, "AOTInductorModelContainerGetConstantName")?;
@@ -252,6 +270,7 @@ impl Graph {
             call_spec: (String::new(), String::new()),
             input_facts: None,
             lock: RwLock::new(()),
+            cxx,
             _library: library,
             _extracted: extracted,
         };
@@ -410,6 +429,19 @@ impl Graph {
     /// The device the graph runs on.
     pub fn device(&self) -> Device {
         self.device
+    }
+
+    /// Bind through the `std::unordered_map` API even where the C pairs API
+    /// exists (what a runtime without the pairs API does; for tests).
+    #[doc(hidden)]
+    pub fn bind_through_std_map(&mut self) -> Result<()> {
+        if self.api.update_map.is_none() {
+            return Err(invalid(
+                "the graph's .so has no UpdateConstantBuffer".into(),
+            ));
+        }
+        self.cxx = Some(CxxAbi::open(self.torch.dir())?);
+        Ok(())
     }
     /// The container's constants in index order.
     pub fn constants(&self) -> &[ContainerConstant] {
@@ -576,12 +608,25 @@ impl Graph {
             // Runs queued earlier may still read the active buffer on the GPU.
             cuda.synchronize_device()?;
         }
-        // SAFETY: `pairs` is an array of `pairs.len()` entries whose names and
-        // handles live until after the call; the container copies the data
-        // (not user-managed) and leaves the handles with us; the write lock
-        // keeps runs out while the active buffer changes.
-        let rc = unsafe {
-            (self.api.update_pairs)(self.container, pairs.as_ptr(), pairs.len(), false, true)
+        // The write lock keeps runs out while the active buffer changes.
+        let rc = match (self.api.update_pairs, &self.cxx) {
+            // SAFETY: `pairs` is an array of `pairs.len()` entries whose names
+            // and handles live until after the call; the container copies the
+            // data (not user-managed) and leaves the handles with us.
+            (Some(update), None) => unsafe {
+                update(self.container, pairs.as_ptr(), pairs.len(), false, true)
+            },
+            (_, Some(cxx)) => {
+                let entries: Vec<(&CString, *mut c_void)> =
+                    tensors.iter().map(|(c, t)| (&c.name, t.handle())).collect();
+                let map = cxx.map(&entries);
+                let update = self.api.update_map.expect("checked at load");
+                // SAFETY: `map` is a complete, read-only std::unordered_map in
+                // libstdc++'s layout (see `stdmap`) that outlives the call; the
+                // container only looks names up in it and copies the data.
+                unsafe { update(self.container, map.as_ptr(), false, true) }
+            }
+            (None, None) => unreachable!("refused at load"),
         };
         if rc != 0 {
             return Err(invalid(format!(
@@ -593,7 +638,10 @@ impl Graph {
     }
 }
 
-pub(crate) fn last_error(f: LastError) -> String {
+pub(crate) fn last_error(f: Option<LastError>) -> String {
+    let Some(f) = f else {
+        return "no error message (this runtime reports errors on stderr only)".into();
+    };
     let mut p: *const c_char = std::ptr::null();
     // SAFETY: writes one pointer to a thread-local string the runtime owns
     // until its next call on this thread; it is copied at once.

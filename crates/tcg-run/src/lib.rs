@@ -23,6 +23,7 @@ pub mod extract;
 pub mod graph;
 pub mod inputs;
 pub mod serve;
+mod stdmap;
 pub mod torch;
 pub mod weights;
 

@@ -372,3 +372,58 @@ fn without_a_usable_gpu_cuda_is_refused_as_a_device_mismatch() {
     .unwrap_err();
     assert_eq!(err.code(), Code::RunDeviceMismatch);
 }
+
+#[test]
+fn binding_through_the_std_map_api_gives_the_same_graph() {
+    // torch 2.11's runtime has no C pairs API for constants, only the one
+    // taking a std::unordered_map; this runtime has both, so the map path is
+    // forced and must bind (and rebind) exactly as the pairs path does.
+    let u = reference();
+    let pairs = load(&u).unwrap();
+    let mut mapped = load(&u).unwrap();
+    mapped.bind_through_std_map().unwrap();
+    let weights = fixture("mlp-cpu.weights.safetensors");
+    pairs.bind(&weights, None).unwrap();
+    mapped.bind(&weights, None).unwrap();
+    let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+    let want = call(&pairs, &x, &[4, 16]).unwrap();
+    assert_eq!(call(&mapped, &x, &[4, 16]).unwrap(), want);
+    // A rebind with changed values changes the output through the map too.
+    let dir = tempfile::tempdir().unwrap();
+    let mut tensors = read_f32(&weights);
+    for v in &mut tensors.get_mut("l2.bias").unwrap().1 {
+        *v += 1.0;
+    }
+    let changed = dir.path().join("w.safetensors");
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(k, (shape, v))| {
+            (
+                k.clone(),
+                shape.clone(),
+                v.iter().flat_map(|f| f.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
+        .iter()
+        .map(|(k, shape, b)| {
+            (
+                k.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &changed).unwrap();
+    mapped.bind(&changed, None).unwrap();
+    let moved = call(&mapped, &x, &[4, 16]).unwrap();
+    for (m, w) in moved.iter().zip(&want) {
+        assert!((m - (w + 1.0)).abs() < 1e-5, "{m} vs {w} + 1");
+    }
+    // Constants missing from the map are refused by the checks before it is built.
+    let err = mapped
+        .bind(&fixture("mlp-cpu.io.safetensors"), None)
+        .unwrap_err();
+    assert_eq!(err.code(), Code::RunConstantMissing);
+}
