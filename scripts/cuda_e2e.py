@@ -239,7 +239,9 @@ def run_tests(site: Path, out: Path) -> dict[str, object]:
     return {"returncode": proc.returncode, "seconds": time.perf_counter() - t, **counts}
 
 
-def bench(site: Path, work: Path, repeat: int, result: dict[str, object], save: Callable[[], None]) -> None:
+def bench(
+    site: Path, work: Path, repeat: int, result: dict[str, object], save: Callable[[], None], *, native_only: bool
+) -> None:
     """Fill ``result`` stage by stage, calling ``save`` after each (a partial run still reports)."""
     import torch
     from safetensors.torch import save_file
@@ -258,15 +260,12 @@ def bench(site: Path, work: Path, repeat: int, result: dict[str, object], save: 
     result["model"] = {"kind": "transformer block, bf16", **MEDIUM}
 
     mint = run_json(mint_code, ["mint", str(work)], child_env(site, work / "cache-mint"))
-    plain = run_json(mint_code, ["plain", str(work)], child_env(site, work / "cache-plain"))
     key = str(mint["key"])
-    result["mint"] = {
-        "outcome": mint["outcome"],
-        "mint_s": mint["compile_s"],
-        "plain_aoti_compile_and_package_s": plain["compile_s"],
-        "mint_over_plain": float(mint["compile_s"]) / float(plain["compile_s"]),  # type: ignore[arg-type]
-        "key": key,
-    }
+    result["mint"] = {"outcome": mint["outcome"], "mint_s": mint["compile_s"], "key": key}
+    if not native_only:
+        plain = run_json(mint_code, ["plain", str(work)], child_env(site, work / "cache-plain"))
+        result["mint"]["plain_aoti_compile_and_package_s"] = plain["compile_s"]  # type: ignore[index]
+        result["mint"]["mint_over_plain"] = float(mint["compile_s"]) / float(plain["compile_s"])  # type: ignore[index, arg-type]
     save()
 
     resolve: list[float] = []
@@ -306,7 +305,8 @@ def bench(site: Path, work: Path, repeat: int, result: dict[str, object], save: 
         result["rust_serve"] = rust_serve(work, key)
         save()
 
-    run_json(ttfi_code, ["compile-warm", str(work), key], child_env(site, work / "cache-warm"))  # warm it
+    if not native_only:
+        run_json(ttfi_code, ["compile-warm", str(work), key], child_env(site, work / "cache-warm"))  # warm it
     samples: dict[str, list[float]] = {
         "load-native": [],
         "compile-warm": [],
@@ -320,6 +320,8 @@ def bench(site: Path, work: Path, repeat: int, result: dict[str, object], save: 
             ("aoti-load-package", "cache-aoti"),
             ("resolve-load", "cache-ours"),
         ):
+            if native_only and mode in ("compile-warm", "aoti-load-package"):
+                continue
             code = NATIVE_CHILD if mode == "load-native" else ttfi_code
             try:
                 got = run_json(code, [mode, str(work), key], child_env(site, work / cache))
@@ -333,16 +335,14 @@ def bench(site: Path, work: Path, repeat: int, result: dict[str, object], save: 
         result["ttfi_samples_s"] = samples
         save()
     med = {m: statistics.median(v) for m, v in samples.items() if v}
-    result["ttfi"] = {
-        "median_wall_s": med,
-        "samples_s": samples,
-        "compile_warm_over_ours": med["compile-warm"] / med["resolve-load"],
-        "aoti_load_package_over_ours": med["aoti-load-package"] / med["resolve-load"],
-    }
-    if "load-native" in med:
-        result["ttfi"]["compile_warm_over_native"] = med["compile-warm"] / med["load-native"]  # type: ignore[index]
-        result["ttfi"]["aoti_load_package_over_native"] = med["aoti-load-package"] / med["load-native"]  # type: ignore[index]
-        result["ttfi"]["torch_load_over_native"] = med["resolve-load"] / med["load-native"]  # type: ignore[index]
+    ttfi: dict[str, object] = {"median_wall_s": med, "samples_s": samples}
+    for slow in ("compile-warm", "aoti-load-package"):
+        for fast in ("resolve-load", "load-native"):
+            if slow in med and fast in med:
+                ttfi[f"{slow}_over_{fast}"] = med[slow] / med[fast]
+    if "resolve-load" in med and "load-native" in med:
+        ttfi["resolve-load_over_load-native"] = med["resolve-load"] / med["load-native"]
+    result["ttfi"] = ttfi
 
 
 def rust_serve(work: Path, key: str) -> dict[str, object]:
@@ -391,6 +391,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--serve-bin", help="the Rust serve example (cargo build --release --example serve)")
     parser.add_argument(
+        "--native-only",
+        action="store_true",
+        help="benchmark only our two loads (no plain compile, warm torch.compile or aoti_load_package)",
+    )
+    parser.add_argument(
         "--cxx",
         default="/usr/bin/g++",
         help="the C++ compiler for inductor (CXX); the device's default CXX builds packages that crash the loader",
@@ -431,7 +436,7 @@ def main() -> None:
             work.mkdir()
             report["bench"] = {}
             try:
-                bench(site, work, args.repeat, report["bench"], save)  # type: ignore[arg-type]
+                bench(site, work, args.repeat, report["bench"], save, native_only=args.native_only)  # type: ignore[arg-type]
             except Exception as exc:  # recorded, and the run fails below
                 report["bench_error"] = f"{type(exc).__name__}: {exc}"
     save()

@@ -28,7 +28,11 @@ fn torch() -> Arc<Torch> {
         "no libtorch at {} (run `make develop`, or set TCG_TORCH_LIB)",
         dir.display()
     );
-    Torch::open(&dir).expect("libtorch opens")
+    let torch = Torch::open(&dir).expect("libtorch opens");
+    // Opening libtorch_cuda registers its kernels with libtorch; every test
+    // waits for that here rather than racing it (one test opens CUDA).
+    let _ = torch.cuda();
+    torch
 }
 
 struct Unpacked {
