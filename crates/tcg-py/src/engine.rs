@@ -24,7 +24,24 @@ use crate::errors::{to_py, IntoPyResult};
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeEngine>()?;
+    m.add_function(wrap_pyfunction!(render_explanation, m)?)?;
     Ok(())
+}
+
+/// The text form of an explanation report: `kind` is `explain`, `pair` or `class`.
+#[pyfunction]
+fn render_explanation(kind: &str, report: &Bound<'_, PyAny>) -> PyResult<String> {
+    let value = to_value(report, "report").map_err(|e| {
+        pyo3::exceptions::PyValueError::new_err(format!("explanation report: {e}"))
+    })?;
+    match kind {
+        "explain" => Ok(tcg_core::engine::render_explanation(&value)),
+        "pair" => Ok(tcg_core::engine::render_pair(&value)),
+        "class" => Ok(tcg_core::engine::render_class(&value)),
+        other => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "unknown explanation kind {other:?}"
+        ))),
+    }
 }
 
 fn key_arg(key: &Bound<'_, PyAny>) -> PyResult<String> {
