@@ -41,7 +41,12 @@ fn with_graph_class(base: &KeyFacts, edit: impl FnOnce(&mut Map)) -> KeyFacts {
 }
 
 fn rekey(mut f: KeyFacts) -> KeyFacts {
-    f.key = derive_key(f.declaration.class_hash(), &f.sm, &toolchain_axis(&f.toolchain)).unwrap();
+    f.key = derive_key(
+        f.declaration.class_hash(),
+        &f.sm,
+        &toolchain_axis(&f.toolchain),
+    )
+    .unwrap();
     f
 }
 
@@ -51,7 +56,11 @@ fn facts_named(f: &KeyFacts, g: &KeyFacts) -> Vec<String> {
 
 fn lines(ops: &[&str]) -> Vec<String> {
     let mut out = vec!["v=1 ir=export".to_string()];
-    out.extend(ops.iter().enumerate().map(|(i, op)| format!("node {i} {op}")));
+    out.extend(
+        ops.iter()
+            .enumerate()
+            .map(|(i, op)| format!("node {i} {op}")),
+    );
     out
 }
 
@@ -86,10 +95,15 @@ fn one_toolchain_member_is_named_with_both_values() {
     assert_eq!(differing_axes(&diffs), ["toolchain"]);
     // A member only one side has is reported with null on the other.
     let mut added = stored.clone();
-    added.toolchain.insert("cxx".into(), "0011223344556677".into());
+    added
+        .toolchain
+        .insert("cxx".into(), "0011223344556677".into());
     let d = diff_facts(&rekey(added), &stored);
     assert_eq!(d.len(), 1);
-    assert_eq!((d[0].fact.as_str(), &d[0].stored), ("toolchain.cxx", &Value::Null));
+    assert_eq!(
+        (d[0].fact.as_str(), &d[0].stored),
+        ("toolchain.cxx", &Value::Null)
+    );
 }
 
 #[test]
@@ -141,7 +155,13 @@ fn a_changed_op_shows_the_first_differing_canonical_lines() {
     // Without the stored lines the witness still differs, and says why there is no line diff.
     stored.lines = None;
     let d = diff_facts(&requested, &stored);
-    assert!(d[0].detail.as_ref().unwrap().as_object().unwrap().contains_key("unavailable"));
+    assert!(d[0]
+        .detail
+        .as_ref()
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .contains_key("unavailable"));
 }
 
 #[test]
@@ -166,7 +186,10 @@ fn a_changed_dynamic_range_is_the_range_digest_with_the_ingress_leaf() {
         let mut ingress = pytree["ingress"].as_object().unwrap().clone();
         let mut inputs = ingress["inputs"].as_array().unwrap().clone();
         let mut row = inputs[0].as_object().unwrap().clone();
-        row.insert("shape".into(), Value::Array(vec![Value::Int(2), Value::Int(shape)]));
+        row.insert(
+            "shape".into(),
+            Value::Array(vec![Value::Int(2), Value::Int(shape)]),
+        );
         inputs[0] = Value::Object(row);
         ingress.insert("inputs".into(), Value::Array(inputs));
         let digest = ingress_digest(&Value::Object(ingress.clone())).unwrap();
@@ -191,38 +214,71 @@ fn a_changed_dynamic_range_is_the_range_digest_with_the_ingress_leaf() {
     assert_eq!(rows.len(), 1);
     let row = rows[0].as_object().unwrap();
     assert_eq!(row["path"], Value::from("inputs[0].shape[1]"));
-    assert_eq!((&row["requested"], &row["stored"]), (&Value::Int(4), &Value::Int(3)));
+    assert_eq!(
+        (&row["requested"], &row["stored"]),
+        (&Value::Int(4), &Value::Int(3))
+    );
 }
 
 #[test]
 fn each_graph_fact_is_reported_by_name() {
     let base = reference_facts();
-    let cases: Vec<(&str, Box<dyn Fn(&mut Map)>)> = vec![
-        ("target", Box::new(|m| {
-            m.insert("target".into(), "vae".into());
-        })),
-        ("fork.adapter", Box::new(|m| {
-            m.insert("fork".into(), tcg_cj::parse_strict(br#"[["adapter",true]]"#).unwrap());
-        })),
-        ("class_dims.height", Box::new(|m| {
-            m.insert("class_dims".into(), tcg_cj::parse_strict(br#"[["height",64]]"#).unwrap());
-        })),
-        ("strict", Box::new(|m| {
-            m.insert("strict".into(), Value::Bool(false));
-        })),
-        ("lora_bucket", Box::new(|m| {
-            m.insert("lora_bucket".into(), Value::Int(16));
-        })),
-        ("placement", Box::new(|m| {
-            m.insert("placement".into(), tcg_cj::parse_strict(br#"["cuda:0","cuda:1"]"#).unwrap());
-        })),
-        ("graph.pytree.in", Box::new(|m| {
-            let mut g = m["graph"].as_object().unwrap().clone();
-            let mut p = g["pytree"].as_object().unwrap().clone();
-            p.insert("in".into(), "tuple".into());
-            g.insert("pytree".into(), Value::Object(p));
-            m.insert("graph".into(), Value::Object(g));
-        })),
+    let cases: Vec<(&str, Edit)> = vec![
+        (
+            "target",
+            Box::new(|m| {
+                m.insert("target".into(), "vae".into());
+            }),
+        ),
+        (
+            "fork.adapter",
+            Box::new(|m| {
+                m.insert(
+                    "fork".into(),
+                    tcg_cj::parse_strict(br#"[["adapter",true]]"#).unwrap(),
+                );
+            }),
+        ),
+        (
+            "class_dims.height",
+            Box::new(|m| {
+                m.insert(
+                    "class_dims".into(),
+                    tcg_cj::parse_strict(br#"[["height",64]]"#).unwrap(),
+                );
+            }),
+        ),
+        (
+            "strict",
+            Box::new(|m| {
+                m.insert("strict".into(), Value::Bool(false));
+            }),
+        ),
+        (
+            "lora_bucket",
+            Box::new(|m| {
+                m.insert("lora_bucket".into(), Value::Int(16));
+            }),
+        ),
+        (
+            "placement",
+            Box::new(|m| {
+                m.insert(
+                    "placement".into(),
+                    tcg_cj::parse_strict(br#"["cuda:0","cuda:1"]"#).unwrap(),
+                );
+            }),
+        ),
+        (
+            "graph.pytree.in",
+            Box::new(|m| {
+                let mut g = m["graph"].as_object().unwrap().clone();
+                let mut p = g["pytree"].as_object().unwrap().clone();
+                p.insert("in".into(), "tuple".into());
+                g.insert("pytree".into(), Value::Object(p));
+                m.insert("graph".into(), Value::Object(g));
+            }),
+        ),
     ];
     for (fact, edit) in cases {
         let requested = with_graph_class(&base, |m| edit(m));
@@ -257,7 +313,10 @@ fn line_diff_is_bounded_and_kept_lines_are_checked() {
     let d = d.as_object().unwrap();
     assert_eq!(d["first_line"], Value::Int(0));
     assert_eq!(d["requested_lines"], Value::Int(100));
-    assert_eq!(d["requested"].as_array().unwrap().len(), LINE_DIFF_MAX_LINES);
+    assert_eq!(
+        d["requested"].as_array().unwrap().len(),
+        LINE_DIFF_MAX_LINES
+    );
 
     let witness = graph_witness(&a);
     let kept = WitnessLines::bounded(&a);
@@ -269,7 +328,9 @@ fn line_diff_is_bounded_and_kept_lines_are_checked() {
     assert_eq!(WitnessLines::from_bytes(&bytes, &graph_witness(&b)), None);
     assert_eq!(WitnessLines::from_bytes(b"{not json", &witness), None);
 
-    let huge: Vec<String> = (0..WITNESS_LINES_MAX_LINES + 5).map(|i| format!("n{i}")).collect();
+    let huge: Vec<String> = (0..WITNESS_LINES_MAX_LINES + 5)
+        .map(|i| format!("n{i}"))
+        .collect();
     let kept = WitnessLines::bounded(&huge);
     assert!(!kept.complete);
     assert_eq!(kept.lines.len(), WITNESS_LINES_MAX_LINES);
@@ -277,6 +338,9 @@ fn line_diff_is_bounded_and_kept_lines_are_checked() {
     let back = WitnessLines::from_bytes(&kept.to_bytes(&w, huge.len()), &w).unwrap();
     assert!(!back.complete);
 }
+
+/// An edit of a graph_class object.
+type Edit = Box<dyn Fn(&mut Map)>;
 
 fn engine(dir: &std::path::Path) -> Engine {
     Engine::open(dir.join("store")).unwrap()
@@ -311,17 +375,28 @@ fn explain_finds_the_stored_neighbour_and_names_the_one_fact() {
     // The stored key itself is present and is not its own neighbour.
     let own = e.explain(&stored, 3).unwrap();
     assert_eq!(own.as_object().unwrap()["present"], Value::Bool(true));
-    assert!(own.as_object().unwrap()["neighbours"].as_array().unwrap().is_empty());
+    assert!(own.as_object().unwrap()["neighbours"]
+        .as_array()
+        .unwrap()
+        .is_empty());
     // Another class name has no neighbours.
     let other = with_graph_class(&requested, |m| {
         m.insert("name".into(), "model/other".into());
     });
     let r = e.explain(&other, 3).unwrap();
-    assert!(r.as_object().unwrap()["neighbours"].as_array().unwrap().is_empty());
+    assert!(r.as_object().unwrap()["neighbours"]
+        .as_array()
+        .unwrap()
+        .is_empty());
     // The text says the same.
     let text = tcg_core::engine::render_explanation(&report);
     assert!(text.contains("not stored here"), "{text}");
-    assert!(text.contains("toolchain.settings_declaration: requested 2222222222222222, stored 1111111111111111"), "{text}");
+    assert!(
+        text.contains(
+            "toolchain.settings_declaration: requested 2222222222222222, stored 1111111111111111"
+        ),
+        "{text}"
+    );
 }
 
 #[test]
@@ -332,16 +407,25 @@ fn kept_lines_are_checked_against_the_witness_and_dropped_by_gc_with_their_key()
     let witness = reference_facts().declaration.graph_witness().to_string();
     let wrong = lines(&["output"]);
     assert!(!e.record_witness_lines(KEY, &witness, &wrong).unwrap());
-    assert!(e.store().get_ref(&witness_lines_ref(KEY)).unwrap().is_none());
+    assert!(e
+        .store()
+        .get_ref(&witness_lines_ref(KEY))
+        .unwrap()
+        .is_none());
     // Lines whose witness is not the stored one are kept but never shown for it.
     let other = lines(&["placeholder", "output"]);
-    assert!(e.record_witness_lines(KEY, &graph_witness(&other), &other).unwrap());
+    assert!(e
+        .record_witness_lines(KEY, &graph_witness(&other), &other)
+        .unwrap());
     assert!(e.stored_facts(KEY).unwrap().unwrap().lines.is_none());
     // explain_keys of an absent key names it.
     let absent = "cg-key-v1-00000000000000000000000000000000000000000000000000000000";
     assert_eq!(e.explain_keys(KEY, absent).unwrap().unwrap_err(), absent);
     let same = e.explain_keys(KEY, KEY).unwrap().unwrap();
-    assert!(same.as_object().unwrap()["differences"].as_array().unwrap().is_empty());
+    assert!(same.as_object().unwrap()["differences"]
+        .as_array()
+        .unwrap()
+        .is_empty());
     // Once the key is gone, GC drops its kept lines.
     let name = graph_ref(KEY);
     let t = e.store().get_ref(&name).unwrap().unwrap();
@@ -350,6 +434,13 @@ fn kept_lines_are_checked_against_the_witness_and_dropped_by_gc_with_their_key()
         CasOutcome::Matched
     );
     let report = e.gc(None).unwrap();
-    assert_eq!(report.as_object().unwrap()["stale_witness_lines"], Value::Int(1));
-    assert!(e.store().get_ref(&witness_lines_ref(KEY)).unwrap().is_none());
+    assert_eq!(
+        report.as_object().unwrap()["stale_witness_lines"],
+        Value::Int(1)
+    );
+    assert!(e
+        .store()
+        .get_ref(&witness_lines_ref(KEY))
+        .unwrap()
+        .is_none());
 }

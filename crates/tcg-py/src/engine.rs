@@ -9,9 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tcg_cj::{Map, Value};
 use tcg_core::artifact::literals::LiteralTensor;
-use tcg_core::engine::{
-    Engine, MintOutput, Request, Resolved, StoreResult, EXPLAIN_NEIGHBOURS,
-};
+use tcg_core::engine::{Engine, MintOutput, Request, Resolved, StoreResult, EXPLAIN_NEIGHBOURS};
 use tcg_core::host_isa::HostIsa;
 use tcg_core::identity::{
     derive_key, graph_witness, toolchain_axis, validate_toolchain_block, DeclarationInput,
@@ -31,9 +29,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// The text form of an explanation report: `kind` is `explain`, `pair` or `class`.
 #[pyfunction]
 fn render_explanation(kind: &str, report: &Bound<'_, PyAny>) -> PyResult<String> {
-    let value = to_value(report, "report").map_err(|e| {
-        pyo3::exceptions::PyValueError::new_err(format!("explanation report: {e}"))
-    })?;
+    let value = to_value(report, "report")
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("explanation report: {e}")))?;
     match kind {
         "explain" => Ok(tcg_core::engine::render_explanation(&value)),
         "pair" => Ok(tcg_core::engine::render_pair(&value)),

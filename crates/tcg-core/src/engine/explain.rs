@@ -189,14 +189,12 @@ impl Engine {
                 (na, nd, neighbour_value(stored, &axes, &diffs))
             })
             .collect();
-        neighbours.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        // Stable: ties keep the listing order (key order).
+        neighbours.sort_by_key(|n| (n.0, n.1));
         neighbours.truncate(limit);
         let mut m = Map::new();
         m.insert("key".into(), requested.key.as_str().into());
-        m.insert(
-            "graph_class".into(),
-            requested.declaration.name().into(),
-        );
+        m.insert("graph_class".into(), requested.declaration.name().into());
         m.insert("axes".into(), axes_value(requested));
         m.insert("present".into(), Value::Bool(present));
         m.insert("quarantined".into(), Value::Bool(quarantined));
@@ -235,7 +233,12 @@ impl Engine {
         m.insert("b".into(), entry_value(&fb));
         m.insert(
             "differing_axes".into(),
-            Value::Array(differing_axes(&diffs).into_iter().map(Value::from).collect()),
+            Value::Array(
+                differing_axes(&diffs)
+                    .into_iter()
+                    .map(Value::from)
+                    .collect(),
+            ),
         );
         m.insert(
             "differences".into(),
@@ -262,7 +265,12 @@ impl Engine {
                     row.insert("against".into(), entries[0].key.as_str().into());
                     row.insert(
                         "differing_axes".into(),
-                        Value::Array(differing_axes(&diffs).into_iter().map(Value::from).collect()),
+                        Value::Array(
+                            differing_axes(&diffs)
+                                .into_iter()
+                                .map(Value::from)
+                                .collect(),
+                        ),
                     );
                     row.insert(
                         "differences".into(),
@@ -289,7 +297,11 @@ impl Engine {
         let mut dropped = 0;
         for entry in listing.entries {
             let key = &entry.name[WITNESS_LINES_REF_PREFIX.len()..];
-            if self.store.get_ref(&graph_ref(key)).map_err(store_err)?.is_none()
+            if self
+                .store
+                .get_ref(&graph_ref(key))
+                .map_err(store_err)?
+                .is_none()
                 && self
                     .store
                     .compare_and_swap(&entry.name, Some(&entry.target), None)
@@ -336,6 +348,5 @@ fn neighbour_value(
         "differences".into(),
         Value::Array(diffs.iter().map(|d| d.to_value()).collect()),
     );
-    m
-    .into()
+    m.into()
 }

@@ -110,11 +110,7 @@ pub fn render_explanation(v: &Value) -> String {
         (Value::Bool(true), _) => "stored here",
         _ => "not stored here",
     };
-    let _ = writeln!(
-        out,
-        "{key} ({}): {state}",
-        text(get(v, "graph_class"))
-    );
+    let _ = writeln!(out, "{key} ({}): {state}", text(get(v, "graph_class")));
     let neighbours = items(get(v, "neighbours"));
     if neighbours.is_empty() {
         let _ = writeln!(out, "  no other stored entry of this graph class");

@@ -36,6 +36,7 @@ pub use explain_text::{render_class, render_explanation, render_pair};
 pub use explain::{
     witness_lines_ref, EXPLAIN_NEIGHBOURS, EXPLAIN_SCAN_MAX, WITNESS_LINES_REF_PREFIX,
 };
+pub use explain_text::{render_class, render_explanation, render_pair};
 pub use mint::{MintOutput, MintedLiteral};
 
 /// What publication decided (SPEC-v1 §10.4).

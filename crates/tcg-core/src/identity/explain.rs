@@ -136,7 +136,12 @@ impl Difference {
     }
 }
 
-fn diff(axis: &'static str, fact: impl Into<String>, requested: Value, stored: Value) -> Difference {
+fn diff(
+    axis: &'static str,
+    fact: impl Into<String>,
+    requested: Value,
+    stored: Value,
+) -> Difference {
     Difference {
         axis,
         fact: fact.into(),
@@ -224,9 +229,7 @@ pub fn line_diff(requested: &[String], stored: &[String]) -> Value {
                 .iter()
                 .take(LINE_DIFF_MAX_LINES)
                 .enumerate()
-                .map(|(i, l)| {
-                    Value::Array(vec![Value::Int((prefix + i) as i64), cut(l)])
-                })
+                .map(|(i, l)| Value::Array(vec![Value::Int((prefix + i) as i64), cut(l)]))
                 .collect(),
         )
     };
@@ -317,7 +320,12 @@ fn graph_interface_diffs(out: &mut Vec<Difference>, a: &Map, b: &Map, range_diff
         }
         out.push(Difference {
             detail: Some(Value::Array(value_diff(x, y))),
-            ..diff("graph", format!("graph.pytree.{name}"), x.clone(), y.clone())
+            ..diff(
+                "graph",
+                format!("graph.pytree.{name}"),
+                x.clone(),
+                y.clone(),
+            )
         });
     }
     let (x, y) = (
@@ -351,17 +359,19 @@ pub fn graph_diffs(
     let (a, b) = (requested, stored);
     let mut out = Vec::new();
     if a.target() != b.target() {
-        out.push(diff("graph", "target", a.target().into(), b.target().into()));
+        out.push(diff(
+            "graph",
+            "target",
+            a.target().into(),
+            b.target().into(),
+        ));
     }
     if a.graph_witness() != b.graph_witness() {
         let detail = match lines {
             (Some(x), Some(y)) => {
                 let mut d = line_diff(&x.lines, &y.lines);
                 if let Value::Object(m) = &mut d {
-                    m.insert(
-                        "complete".into(),
-                        Value::Bool(x.complete && y.complete),
-                    );
+                    m.insert("complete".into(), Value::Bool(x.complete && y.complete));
                 }
                 d
             }
@@ -401,7 +411,12 @@ pub fn graph_diffs(
             )
         });
     }
-    named_diffs(&mut out, "fork", pairs_by_name(a.fork()), pairs_by_name(b.fork()));
+    named_diffs(
+        &mut out,
+        "fork",
+        pairs_by_name(a.fork()),
+        pairs_by_name(b.fork()),
+    );
     let dims = |d: &GraphClassDeclaration| -> Vec<(String, Value)> {
         d.class_dims()
             .iter()
@@ -409,9 +424,19 @@ pub fn graph_diffs(
             .collect()
     };
     let (da, db) = (dims(a), dims(b));
-    named_diffs(&mut out, "class_dims", pairs_by_name(&da), pairs_by_name(&db));
+    named_diffs(
+        &mut out,
+        "class_dims",
+        pairs_by_name(&da),
+        pairs_by_name(&db),
+    );
     if a.strict() != b.strict() {
-        out.push(diff("graph", "strict", a.strict().into(), b.strict().into()));
+        out.push(diff(
+            "graph",
+            "strict",
+            a.strict().into(),
+            b.strict().into(),
+        ));
     }
     if a.lora_bucket() != b.lora_bucket() {
         out.push(diff(
@@ -468,7 +493,8 @@ pub fn diff_facts(requested: &KeyFacts, stored: &KeyFacts) -> Vec<Difference> {
         for name in names {
             let (x, y) = (requested.toolchain.get(name), stored.toolchain.get(name));
             if x != y {
-                let v = |s: Option<&String>| s.map(|s| Value::from(s.as_str())).unwrap_or(Value::Null);
+                let v =
+                    |s: Option<&String>| s.map(|s| Value::from(s.as_str())).unwrap_or(Value::Null);
                 out.push(diff("toolchain", format!("toolchain.{name}"), v(x), v(y)));
             }
         }
