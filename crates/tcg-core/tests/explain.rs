@@ -444,3 +444,27 @@ fn kept_lines_are_checked_against_the_witness_and_dropped_by_gc_with_their_key()
         .unwrap()
         .is_none());
 }
+
+#[test]
+fn line_diff_of_equal_length_middles_keeps_only_the_differing_lines() {
+    let a = lines(&["placeholder", "relu", "output", "range 64"]);
+    let b = lines(&["placeholder", "sigmoid", "output", "range 128"]);
+    let d = line_diff(&a, &b);
+    let d = d.as_object().unwrap();
+    assert_eq!(d["first_line"], Value::Int(2));
+    assert_eq!(d["requested_lines"], Value::Int(2));
+    let shown: Vec<i64> = d["requested"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_array().unwrap()[0].as_i64().unwrap())
+        .collect();
+    assert_eq!(shown, [2, 4]);
+    // Unequal middles (a line inserted) show each side's whole middle.
+    let c = lines(&["placeholder", "relu", "relu", "output", "range 64"]);
+    let d = line_diff(&c, &a);
+    let d = d.as_object().unwrap();
+    assert_eq!(d["first_line"], Value::Int(3));
+    assert_eq!(d["requested_lines"], Value::Int(3));
+    assert_eq!(d["stored_lines"], Value::Int(2));
+}

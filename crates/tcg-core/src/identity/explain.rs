@@ -208,8 +208,10 @@ fn cut(line: &str) -> Value {
 }
 
 /// The first differing canonical lines: the common prefix and suffix are
-/// skipped and at most [`LINE_DIFF_MAX_LINES`] lines of each side's differing
-/// middle are shown, with their 0-based line numbers. Linear in the input.
+/// skipped; when both differing middles have the same length (ops replaced,
+/// a bound changed) only the lines that differ pairwise are kept, else the
+/// whole middles. At most [`LINE_DIFF_MAX_LINES`] lines are shown per side,
+/// with their 0-based line numbers. Linear in the input.
 pub fn line_diff(requested: &[String], stored: &[String]) -> Value {
     let prefix = requested
         .iter()
@@ -222,29 +224,33 @@ pub fn line_diff(requested: &[String], stored: &[String]) -> Value {
         .zip(stored[prefix..].iter().rev())
         .take_while(|(a, b)| a == b)
         .count();
-    let side = |lines: &[String]| -> Value {
-        let middle = &lines[prefix..lines.len() - suffix];
+    let (ma, mb) = (
+        &requested[prefix..requested.len() - suffix],
+        &stored[prefix..stored.len() - suffix],
+    );
+    // Offsets into the middles of the lines to show.
+    let offsets: Vec<usize> = if ma.len() == mb.len() {
+        (0..ma.len()).filter(|&i| ma[i] != mb[i]).collect()
+    } else {
+        (0..ma.len().max(mb.len())).collect()
+    };
+    let side = |middle: &[String]| -> Value {
         Value::Array(
-            middle
+            offsets
                 .iter()
+                .filter(|&&i| i < middle.len())
                 .take(LINE_DIFF_MAX_LINES)
-                .enumerate()
-                .map(|(i, l)| Value::Array(vec![Value::Int((prefix + i) as i64), cut(l)]))
+                .map(|&i| Value::Array(vec![Value::Int((prefix + i) as i64), cut(&middle[i])]))
                 .collect(),
         )
     };
+    let count = |middle: &[String]| offsets.iter().filter(|&&i| i < middle.len()).count();
     let mut m = Map::new();
     m.insert("first_line".into(), Value::Int(prefix as i64));
-    m.insert(
-        "requested_lines".into(),
-        Value::Int((requested.len() - prefix - suffix) as i64),
-    );
-    m.insert(
-        "stored_lines".into(),
-        Value::Int((stored.len() - prefix - suffix) as i64),
-    );
-    m.insert("requested".into(), side(requested));
-    m.insert("stored".into(), side(stored));
+    m.insert("requested_lines".into(), Value::Int(count(ma) as i64));
+    m.insert("stored_lines".into(), Value::Int(count(mb) as i64));
+    m.insert("requested".into(), side(ma));
+    m.insert("stored".into(), side(mb));
     Value::Object(m)
 }
 
