@@ -105,18 +105,14 @@ def test_one_changed_op_is_the_witness_with_its_canonical_line(stored: dict[str,
     assert canonical_lines(variant.program)[requested[0]] == requested[1]
     assert "aten::sigmoid" in str(e)
     # From the declaration alone the witness differs and the lines are not known.
-    n = only_neighbour(
-        stored["engine"].explain(variant.declare(), target="cpu", toolchain=TOOLCHAIN), stored["key"]
-    )
+    n = only_neighbour(stored["engine"].explain(variant.declare(), target="cpu", toolchain=TOOLCHAIN), stored["key"])
     assert n.facts == ("graph_witness",)
     assert "unavailable" in n.differences[0].detail
 
 
 @pytest.mark.real_aoti
 def test_a_changed_dynamic_range_is_the_range_line_and_the_ingress_bound(stored: dict[str, Any]) -> None:
-    n = only_neighbour(
-        stored["engine"].explain(spec(max_batch=128), target="cpu", toolchain=TOOLCHAIN), stored["key"]
-    )
+    n = only_neighbour(stored["engine"].explain(spec(max_batch=128), target="cpu", toolchain=TOOLCHAIN), stored["key"])
     assert n.differing_axes == ("graph",)
     # A range enters the key twice: the canonical range line and the call ingress.
     assert n.facts == ("graph_witness", "range_digest")

@@ -1,5 +1,6 @@
 """Type stubs of the native extension ``torch_compiled_graphs._native``."""
 
+import builtins
 from collections.abc import Sequence
 from typing import Any, final
 
@@ -44,6 +45,7 @@ __all__ = [
     "key_from_metadata",
     "literal_digest",
     "package_constant_table",
+    "render_explanation",
     "split_key",
     "synchronize",
     "toolchain_axis",
@@ -109,10 +111,10 @@ class NativeEngine:
         declaration: dict[str, Any],
         sm: str,
         toolchain: dict[str, object],
-        lines: list[str] | None = None,
-        limit: int = 3,
+        lines: builtins.list[str] | None = None,
+        limit: int = ...,
     ) -> dict[str, Any]: ...
-    def explain_stored(self, key: object, limit: int = 3) -> dict[str, Any] | None: ...
+    def explain_stored(self, key: object, limit: int = ...) -> dict[str, Any] | None: ...
     def explain_keys(self, a: object, b: object) -> dict[str, Any]: ...
     def explain_class(self, name: str) -> dict[str, Any]: ...
 
