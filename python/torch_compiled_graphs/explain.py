@@ -46,6 +46,10 @@ class Difference:
     stored: Any
     detail: Any = None
 
+    def __hash__(self) -> int:
+        # The values may be lists or objects: hash the names only.
+        return hash((self.axis, self.fact))
+
     @classmethod
     def _from(cls, d: Mapping[str, Any]) -> Difference:
         return cls(d["axis"], d["fact"], d["requested"], d["stored"], d.get("detail"))
@@ -65,6 +69,9 @@ class Neighbour:
     def facts(self) -> tuple[str, ...]:
         """The names of the differing facts."""
         return tuple(d.fact for d in self.differences)
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.facts))
 
     @classmethod
     def _from(cls, d: Mapping[str, Any]) -> Neighbour:
@@ -101,6 +108,9 @@ class Explanation:
 
     def __str__(self) -> str:
         return _native.render_explanation("explain", self.report).rstrip("\n")
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.present, self.neighbours))
 
     @classmethod
     def _from(cls, report: dict[str, Any]) -> Explanation:
