@@ -32,7 +32,6 @@ use crate::{Code, Error, Result};
 pub use admin::Counter;
 pub use admitted::{admitted_ref, ADMITTED_REF_PREFIX};
 pub use adopt::{AdoptEntry, AdoptStatus};
-pub use explain_text::{render_class, render_explanation, render_pair};
 pub use explain::{
     witness_lines_ref, EXPLAIN_NEIGHBOURS, EXPLAIN_SCAN_MAX, WITNESS_LINES_REF_PREFIX,
 };
