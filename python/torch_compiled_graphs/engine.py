@@ -313,9 +313,7 @@ class EnsureResult(_Record):
         publication: StoreResult | None = None,
         explanation: Explanation | None = None,
     ) -> None:
-        self._set(
-            outcome=outcome, compiled_graph=compiled_graph, publication=publication, explanation=explanation
-        )
+        self._set(outcome=outcome, compiled_graph=compiled_graph, publication=publication, explanation=explanation)
 
     @property
     def graph(self) -> StoredCompiledGraph:
