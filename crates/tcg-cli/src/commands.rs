@@ -179,7 +179,20 @@ pub(crate) struct StoreArg {
 }
 
 impl StoreArg {
+    /// An engine over the store, created if absent (import, gc).
     fn engine(&self) -> anyhow::Result<Engine> {
+        let root = self.root()?;
+        Engine::open(&root).with_context(|| format!("cannot open the store at {}", root.display()))
+    }
+
+    /// An engine over an existing store; nothing is created (`store.not_found`).
+    fn existing(&self) -> anyhow::Result<Engine> {
+        let root = self.root()?;
+        Engine::open_existing(&root)
+            .with_context(|| format!("cannot open the store at {}", root.display()))
+    }
+
+    fn root(&self) -> anyhow::Result<PathBuf> {
         let root = match &self.cas_root {
             Some(root) => root.clone(),
             None => {
@@ -191,7 +204,7 @@ impl StoreArg {
                 base.join("torch-compiled-graphs")
             }
         };
-        Engine::open(&root).with_context(|| format!("cannot open the store at {}", root.display()))
+        Ok(root)
     }
 }
 
@@ -344,7 +357,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             dest,
             json,
         } => {
-            let engine = store.engine()?;
+            let engine = store.existing()?;
             match engine.resolve(&key, &dest) {
                 Ok(Some(r)) => {
                     let mut m = metadata_summary(&r.metadata);
@@ -407,7 +420,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Ls { store, json } => {
-            let rows = store.engine()?.list()?;
+            let rows = store.existing()?.list()?;
             if json {
                 print_json(&rows)?;
             } else {
@@ -449,7 +462,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             quarantine,
             json,
         } => {
-            let (report, clean) = store.engine()?.fsck(quarantine)?;
+            let (report, clean) = store.existing()?.fsck(quarantine)?;
             print_report(&report, json)?;
             Ok(if clean {
                 Outcome::Success
@@ -464,7 +477,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             json,
         } => crate::explain::run(&store.engine()?, &keys, graph_class.as_deref(), json),
         Command::Stats { store, json } => {
-            print_report(&store.engine()?.stats()?, json)?;
+            print_report(&store.existing()?.stats()?, json)?;
             Ok(Outcome::Success)
         }
         Command::CheckKey { value } => {

@@ -163,6 +163,12 @@ codes! {
     StoreManifestInvalid => Storage, "store.manifest_invalid";
     /// The root is a torch-compiled-graphs 0.2.0 (HashRepo) store: adopt it into a new root.
     StoreHashrepoRoot => Storage, "store.hashrepo_root";
+    /// A store directory or file can be written by another local user.
+    StoreInsecurePermissions => Storage, "store.insecure_permissions";
+    /// A read-only operation named a root that holds no store.
+    StoreNotFound => Storage, "store.not_found";
+    /// A destination lies inside the store root.
+    StoreDestinationInStore => Storage, "store.destination_in_store";
 
     QuarantinePresent => Quarantined, "quarantine.present";
     QuarantineExportVerification => Quarantined, "quarantine.export_verification";
@@ -277,7 +283,11 @@ impl Error {
             kind: Kind::Io,
             code: Code::IoError,
             message: format!("{context}: {err}"),
-            errno: err.raw_os_error(),
+            // An allocation refused by a library (try_reserve) carries no
+            // errno; it is still ENOMEM, and never evidence about bytes.
+            errno: err.raw_os_error().or(
+                (err.kind() == std::io::ErrorKind::OutOfMemory).then_some(libc::ENOMEM),
+            ),
         }
     }
 

@@ -168,7 +168,19 @@ impl<R: Read> GzipReader<R> {
             let status = self
                 .inflate
                 .decompress(&self.buf[self.pos..self.len], out, FlushDecompress::None)
-                .map_err(|e| gzip_invalid(format_args!("deflate error: {e}")))?;
+                .map_err(|e| {
+                    // The inflater could not allocate its window: a failure
+                    // of this process, not evidence about the envelope.
+                    if e.to_string().contains("insufficient memory") {
+                        Error::io_code(
+                            Code::IoError,
+                            Some(libc::ENOMEM),
+                            format!("cannot inflate the envelope: {e}"),
+                        )
+                    } else {
+                        gzip_invalid(format_args!("deflate error: {e}"))
+                    }
+                })?;
             let consumed = (self.inflate.total_in() - in0) as usize;
             let produced = (self.inflate.total_out() - out0) as usize;
             self.pos += consumed;

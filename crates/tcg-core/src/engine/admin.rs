@@ -3,6 +3,7 @@
 
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 
 use tcg_cas::{FsckOptions, GcOptions, GRAPH_REF_PREFIX};
@@ -61,12 +62,19 @@ impl Engine {
     /// Add one to a counter. Best effort: statistics never fail an operation.
     pub(crate) fn count(&self, counter: Counter) {
         let _ = (|| -> std::io::Result<()> {
+            // Never through a symlink, never a FIFO, never writable by others.
             let mut f = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
                 .open(self.counters_path())?;
+            let md = f.metadata()?;
+            if !md.is_file() || md.mode() & 0o022 != 0 {
+                return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+            }
             // SAFETY: flock on a valid open descriptor; released when `f` closes.
             if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -82,7 +90,18 @@ impl Engine {
     }
 
     fn counter_values(&self) -> Vec<(&'static str, u64)> {
-        let bytes = std::fs::read(self.counters_path()).unwrap_or_default();
+        let bytes = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(self.counters_path())
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+            .map(|f| {
+                let mut b = Vec::new();
+                let _ = f.take(64).read_to_end(&mut b);
+                b
+            })
+            .unwrap_or_default();
         COUNTERS
             .iter()
             .map(|(c, name)| {

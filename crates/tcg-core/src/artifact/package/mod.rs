@@ -56,12 +56,19 @@ fn unreadable(name: &str, e: &dyn std::fmt::Display) -> Error {
 /// stream in two passes, in bounded memory.
 pub const ELF_IN_MEMORY_MAX: u64 = 64 << 20;
 
+/// An operating-system error, or an allocation the zip reader could not make
+/// (`try_reserve`, `io::ErrorKind::OutOfMemory`): a failure of this process,
+/// which proves nothing about the bytes (so it can never quarantine).
+fn is_resource_failure(e: &std::io::Error) -> bool {
+    e.raw_os_error().is_some() || e.kind() == std::io::ErrorKind::OutOfMemory
+}
+
 /// A zip failure: an operating-system read error of the staged file is an
 /// I/O error (it proves nothing about the bytes); anything else is
 /// `artifact.package_zip`.
 fn zip_failure(e: zip::result::ZipError) -> Error {
     match e {
-        zip::result::ZipError::Io(io) if io.raw_os_error().is_some() => {
+        zip::result::ZipError::Io(io) if is_resource_failure(&io) => {
             Error::io("cannot read the staged package", &io)
         }
         other => zip_err(other),
@@ -70,7 +77,7 @@ fn zip_failure(e: zip::result::ZipError) -> Error {
 
 /// A read failure of member `name`, classified like [`zip_failure`].
 fn member_failure(name: &str, e: &std::io::Error) -> Error {
-    if e.raw_os_error().is_some() {
+    if is_resource_failure(e) {
         Error::io(format_args!("cannot read package member {name:?}"), e)
     } else {
         unreadable(name, e)
@@ -437,4 +444,28 @@ pub fn verify_package_facts(
         e_machine: info.machine,
         lrodata_bytes: lrodata,
     })
+}
+
+#[cfg(test)]
+mod resource_tests {
+    use super::*;
+
+    #[test]
+    fn an_allocation_failure_is_an_io_error_not_a_bad_package() {
+        let oom = std::io::Error::new(std::io::ErrorKind::OutOfMemory, "allocation failed");
+        for e in [
+            member_failure("m", &oom),
+            zip_failure(zip::result::ZipError::Io(std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                "allocation failed",
+            ))),
+        ] {
+            assert_eq!(e.kind(), crate::Kind::Io, "{e}");
+            assert_eq!(e.code(), Code::IoError);
+            assert_eq!(e.errno(), Some(libc::ENOMEM));
+        }
+        // A malformed stream stays evidence against the bytes.
+        let bad = std::io::Error::new(std::io::ErrorKind::InvalidData, "bad crc");
+        assert_eq!(member_failure("m", &bad).code(), Code::ArtifactPackageZip);
+    }
 }
