@@ -174,10 +174,9 @@ impl Store {
             Err(StoreError::RefInvalid { .. }) => {}
             _ => return Ok(None),
         }
-        let to = self.dir("corrupt").join(format!(
-            "ref-{hash}.{}",
-            crate::fsutil::random_hex32()
-        ));
+        let to = self
+            .dir("corrupt")
+            .join(format!("ref-{hash}.{}", crate::fsutil::random_hex32()));
         fs::rename(path, &to).map_err(crate::error::io_err("rename to corrupt", path))?;
         crate::fsutil::fsync_dir(&self.dir("refs"))?;
         crate::fsutil::fsync_dir(&self.dir("corrupt"))?;

@@ -235,7 +235,11 @@ impl Store {
                         return Err(e);
                     }
                     let c = &m.chunks[i];
-                    crate::object::verify_object(&self.object_path(&c.digest), &c.digest, Some(c.len))?;
+                    crate::object::verify_object(
+                        &self.object_path(&c.digest),
+                        &c.digest,
+                        Some(c.len),
+                    )?;
                     return Err(StoreError::Io {
                         op: "verify copy",
                         path: out_path.to_owned(),

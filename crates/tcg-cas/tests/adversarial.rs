@@ -157,7 +157,11 @@ fn planted_defects_are_reported_typed_by_fsck_and_never_served() {
     let r = s.fsck(FsckOptions { quarantine: true }).unwrap();
     assert_eq!(r.corrupt.iter().filter(|c| c.moved_to.is_some()).count(), 4);
     // The malformed ref record is bad stored bytes too: moved aside, not deleted.
-    let moved: Vec<_> = r.dangling_refs.iter().filter_map(|d| d.moved_to.clone()).collect();
+    let moved: Vec<_> = r
+        .dangling_refs
+        .iter()
+        .filter_map(|d| d.moved_to.clone())
+        .collect();
     assert_eq!(moved.len(), 1, "{:?}", r.dangling_refs);
     assert_eq!(std::fs::read(&moved[0]).unwrap(), b"{\"format\":1}");
     assert_eq!(s.get_ref("adv/bad").unwrap(), None);

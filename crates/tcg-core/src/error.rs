@@ -285,9 +285,9 @@ impl Error {
             message: format!("{context}: {err}"),
             // An allocation refused by a library (try_reserve) carries no
             // errno; it is still ENOMEM, and never evidence about bytes.
-            errno: err.raw_os_error().or(
-                (err.kind() == std::io::ErrorKind::OutOfMemory).then_some(libc::ENOMEM),
-            ),
+            errno: err
+                .raw_os_error()
+                .or((err.kind() == std::io::ErrorKind::OutOfMemory).then_some(libc::ENOMEM)),
         }
     }
 

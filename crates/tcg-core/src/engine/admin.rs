@@ -132,10 +132,13 @@ impl Engine {
             let Some(m) = tcg_cas::Digest::from_hex(m) else {
                 continue;
             };
-            let current = self
-                .store
-                .get_ref(&super::graph_ref(key))
-                .map_err(store_err)?;
+            // An unreadable graph ref serves nothing: its copies are stale
+            // (GC then reports the record itself).
+            let current = match self.store.get_ref(&super::graph_ref(key)) {
+                Ok(c) => c,
+                Err(e @ tcg_cas::StoreError::Io { .. }) => return Err(store_err(e)),
+                Err(_) => None,
+            };
             let serving = current.is_some_and(|t| t.digest == m)
                 && self.quarantine_marker(key, &m)?.is_none();
             if !serving && dropped.insert((key.to_string(), m)) {

@@ -95,7 +95,10 @@ impl Engine {
             return Ok(None);
         }
         let mut bytes = Vec::new();
-        match reader.take(crate::artifact::MAX_METADATA_BYTES).read_to_end(&mut bytes) {
+        match reader
+            .take(crate::artifact::MAX_METADATA_BYTES)
+            .read_to_end(&mut bytes)
+        {
             Ok(_) => Ok(Some(bytes)),
             Err(e) => match tcg_cas::store_error_of(&e) {
                 Some(se) if se.is_bad_stored_bytes() => Ok(None),

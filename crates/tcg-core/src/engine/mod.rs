@@ -317,7 +317,8 @@ impl StoreStage {
             quarantine::random_hex32()?
         ));
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        let io = |e: std::io::Error| Error::io(format_args!("cannot create {}", path.display()), &e);
+        let io =
+            |e: std::io::Error| Error::io(format_args!("cannot create {}", path.display()), &e);
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)
