@@ -140,6 +140,9 @@ impl Store {
             Err(e) => return Err(io_err("stat", &root)(e)),
         }
         if fs::symlink_metadata(root.join("FORMAT")).is_err() {
+            if is_hashrepo_root(&root) {
+                return Err(StoreError::HashRepoRoot { path: root });
+            }
             return Err(not_found("the root has no FORMAT file"));
         }
         check_or_init_format(&root)?;
