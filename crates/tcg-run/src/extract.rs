@@ -17,8 +17,9 @@ use tcg_core::{Code, Error, Result};
 
 /// Largest `.so` the native path loads (4 GiB).
 pub const MAX_SHARED_OBJECT_BYTES: u64 = 4 << 30;
-/// Largest wrapper source it reads (64 MiB).
-pub const MAX_WRAPPER_BYTES: u64 = 64 << 20;
+/// Largest wrapper source it reads: the verifier's bound, defined once in
+/// `tcg-core`.
+pub use tcg_core::artifact::limits::MAX_WRAPPER_BYTES;
 
 /// An entry's members, extracted; the directory is removed on drop.
 #[derive(Debug)]
@@ -67,7 +68,9 @@ pub fn extract(package: &Path, entry: &str) -> Result<Extracted> {
     let members = pkg.entry_members(Some(entry)).map_err(rewrap)?;
 
     sized(&mut pkg, &members.wrapper, MAX_WRAPPER_BYTES)?;
-    let wrapper = pkg.read(&members.wrapper).map_err(rewrap)?;
+    let wrapper = pkg
+        .read_bounded(&members.wrapper, MAX_WRAPPER_BYTES)
+        .map_err(rewrap)?;
     let wrapper = String::from_utf8(wrapper)
         .map_err(|_| invalid(format!("wrapper {:?} is not UTF-8", members.wrapper)))?;
 
