@@ -12,6 +12,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use tcg_core::artifact::package::loadable::{check_loadable, FileRanges};
 use tcg_core::artifact::package::Package;
 use tcg_core::{Code, Error, Result};
 
@@ -124,6 +125,22 @@ pub fn extract(package: &Path, entry: &str) -> Result<Extracted> {
     }
     out.flush()
         .map_err(|e| Error::io(format_args!("cannot write {}", shared_object.display()), &e))?;
+    drop(out);
+    // What the dynamic loader relies on is checked again here, on the bytes
+    // about to be loaded, so a corrupted object fails instead of crashing
+    // the process inside dlopen.
+    let written = std::fs::File::open(&shared_object)
+        .map_err(|e| Error::io(format_args!("cannot open {}", shared_object.display()), &e))?;
+    check_loadable(&mut FileRanges {
+        file: &written,
+        size: declared,
+    })
+    .map_err(|e| {
+        e.rewrap(
+            Code::RunPackageInvalid,
+            format_args!("cannot load {}: {}", package.display(), members.shared_object),
+        )
+    })?;
     Ok(Extracted {
         dir,
         shared_object,

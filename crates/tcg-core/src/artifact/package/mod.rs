@@ -7,6 +7,7 @@
 
 pub mod cubin;
 pub mod elf;
+pub mod loadable;
 pub mod wrapper;
 
 use std::cell::Cell;
@@ -530,9 +531,18 @@ pub fn verify_package_facts(
     let so_size = pkg.declared_size(&so_name)?;
     let parsed = if so_size <= ELF_IN_MEMORY_MAX {
         let so = pkg.read(&so_name)?;
-        parse_elf(&so)
+        parse_elf(&so).and_then(|info| {
+            loadable::check_loadable(&mut &so[..])?;
+            Ok(info)
+        })
     } else {
-        elf::parse_elf_stream(so_size, &mut |f| pkg.stream(&so_name, f))
+        elf::parse_elf_stream(so_size, &mut |f| pkg.stream(&so_name, f)).and_then(|info| {
+            loadable::check_loadable(&mut loadable::StreamRanges {
+                size: so_size,
+                reopen: &mut |f| pkg.stream(&so_name, f),
+            })?;
+            Ok(info)
+        })
     };
     let info = parsed.map_err(|e| {
         if e.code() == Code::ArtifactElfInvalid {
