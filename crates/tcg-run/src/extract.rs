@@ -22,10 +22,17 @@ pub const MAX_SHARED_OBJECT_BYTES: u64 = 4 << 30;
 /// `tcg-core`.
 pub use tcg_core::artifact::limits::MAX_WRAPPER_BYTES;
 
+/// The prefix of the private directories under the temp directory.
+pub const DIR_PREFIX: &str = "tcg-native-";
+
 /// An entry's members, extracted; the directory is removed on drop.
 #[derive(Debug)]
 pub struct Extracted {
     dir: tempfile::TempDir,
+    /// An open handle on the directory holding an exclusive `flock` for as
+    /// long as the directory is in use: the proof of liveness that lets a
+    /// later load remove the directories of killed processes.
+    _alive: std::fs::File,
     shared_object: PathBuf,
     /// The wrapper source (`*.wrapper.cpp`) of the entry.
     pub wrapper: String,
@@ -76,10 +83,9 @@ pub fn extract(package: &Path, entry: &str) -> Result<Extracted> {
         .map_err(|_| invalid(format!("wrapper {:?} is not UTF-8", members.wrapper)))?;
 
     let declared = sized(&mut pkg, &members.shared_object, MAX_SHARED_OBJECT_BYTES)?;
-    let dir = tempfile::Builder::new()
-        .prefix("tcg-native-")
-        .tempdir()
-        .map_err(|e| Error::io("cannot create a private directory for the graph's .so", &e))?;
+    let tmp = std::env::temp_dir();
+    remove_leftovers(&tmp);
+    let (dir, alive) = locked_dir(&tmp)?;
     // tempfile creates the directory with mode 0700; the .so gets a fixed name
     // of this module's choosing, never a name from the zip.
     let shared_object = dir.path().join("graph.so");
@@ -143,7 +149,94 @@ pub fn extract(package: &Path, entry: &str) -> Result<Extracted> {
     })?;
     Ok(Extracted {
         dir,
+        _alive: alive,
         shared_object,
         wrapper,
     })
+}
+
+/// Try to take the exclusive lock of an open directory without waiting.
+fn try_lock(dir: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor this function borrows; no memory is passed.
+    unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+fn open_dir(path: &Path) -> std::io::Result<std::fs::File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// A new private directory under `tmp`, locked. A cleaner may remove the
+/// directory between its creation and the lock; the lock then holds a
+/// directory that is no longer at its path, which is checked, and the
+/// creation is retried.
+fn locked_dir(tmp: &Path) -> Result<(tempfile::TempDir, std::fs::File)> {
+    use std::os::unix::fs::MetadataExt;
+    for _ in 0..8 {
+        let dir = tempfile::Builder::new()
+            .prefix(DIR_PREFIX)
+            .tempdir_in(tmp)
+            .map_err(|e| Error::io("cannot create a private directory for the graph's .so", &e))?;
+        let Ok(handle) = open_dir(dir.path()) else {
+            continue;
+        };
+        if !try_lock(&handle) {
+            continue;
+        }
+        let same = match (handle.metadata(), std::fs::symlink_metadata(dir.path())) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        };
+        if same {
+            return Ok((dir, handle));
+        }
+    }
+    Err(Error::new(
+        Code::RunPackageInvalid,
+        format!(
+            "cannot keep a private directory under {}: each was removed as it was made",
+            tmp.display()
+        ),
+    ))
+}
+
+/// Remove the private directories of processes that died while holding
+/// them (killed during or after a load): a directory of this user whose lock
+/// can be taken has no living owner. Failures are ignored: this is tidying,
+/// and a directory that cannot be removed now is tried again next time.
+pub fn remove_leftovers(tmp: &Path) -> usize {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(DIR_PREFIX) {
+            continue;
+        }
+        let path = entry.path();
+        // Not through a symlink, and only what this user owns.
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !meta.is_dir() || meta.uid() != uid {
+            continue;
+        }
+        let Ok(handle) = open_dir(&path) else {
+            continue;
+        };
+        let still = handle
+            .metadata()
+            .is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino());
+        if still && try_lock(&handle) && std::fs::remove_dir_all(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }

@@ -435,7 +435,7 @@ impl Graph {
             ));
         }
 
-        // Check every constant, then describe each as a tensor over its mapped bytes.
+        // Check every constant, then describe each as a tensor over its read bytes.
         let mut tensors: Vec<(&ContainerConstant, BorrowedTensor)> = Vec::new();
         for c in self.constants.iter().filter(|c| !c.from_folded) {
             let row = &self.rows[&c.fqn];
@@ -460,7 +460,7 @@ impl Graph {
             let shape: Vec<i64> = entry.shape.iter().map(|&d| d as i64).collect();
             // SAFETY: `bytes` holds exactly product(shape) * element size bytes
             // (checked when the file was parsed; the dtype matches the row,
-            // whose dtype matches the container's). The mapping outlives every
+            // whose dtype matches the container's). The buffer outlives every
             // handle: the handles drop at the end of this function, after the
             // container copied the bytes. libtorch only reads through it.
             let t = unsafe {
@@ -535,6 +535,12 @@ impl Graph {
                         "input {i} is a buffer of {} bytes, its shape needs {need}",
                         input.nbytes
                     ),
+                ));
+            }
+            if input.data == 0 && input.nbytes > 0 {
+                return Err(Error::new(
+                    Code::RunInputLayout,
+                    format!("input {i} has a null data pointer for {} bytes", input.nbytes),
                 ));
             }
             if let Some(facts) = &self.input_facts {
