@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torch_compiled_graphs import Engine, StoredCompiledGraph, _native
+from torch_compiled_graphs import Engine, StoredCompiledGraph
 from torch_compiled_graphs.errors import BindingError
-from torch_compiled_graphs.native import NativeGraph, find_torch_lib
+from torch_compiled_graphs.native import find_torch_lib
 
 from .conftest import REFERENCE, resolve_reference
 
@@ -218,9 +218,7 @@ def test_a_killed_loads_directory_is_removed_by_the_next_load(graph: StoredCompi
     env = {**os.environ, "TMPDIR": str(tmp)}
 
     def holder() -> subprocess.Popen[str]:
-        p = subprocess.Popen(
-            [sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True, env=env
-        )
+        p = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True, env=env)
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         return p
 

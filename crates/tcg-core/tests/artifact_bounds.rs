@@ -123,7 +123,11 @@ fn the_padded_wrapper_of_the_corpus_scans_in_linear_work() {
     let big = generator::bounds_cases::padded_wrapper(20_000);
     let (ws, wb) = (wrapper_scan_work(&small), wrapper_scan_work(&big));
     assert!(wb <= 2 * ws + ws / 10, "work {ws} -> {wb}");
-    assert!(wb <= 24 * big.len() as u64, "work {wb} for {} bytes", big.len());
+    assert!(
+        wb <= 24 * big.len() as u64,
+        "work {wb} for {} bytes",
+        big.len()
+    );
 }
 
 #[test]

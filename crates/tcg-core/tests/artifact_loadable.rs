@@ -89,18 +89,12 @@ fn targeted_corruptions_of_the_program_headers_are_refused() {
             "PT_DYNAMIC outside every segment",
             edit(&so, dynamic, 8, &(size - 16).to_le_bytes()),
         ),
-        (
-            "a PT_INTERP",
-            edit(&so, dynamic, 0, &3u32.to_le_bytes()),
-        ),
-        (
-            "e_phentsize is not 56",
-            {
-                let mut c = so.clone();
-                c[0x36] = 55;
-                c
-            },
-        ),
+        ("a PT_INTERP", edit(&so, dynamic, 0, &3u32.to_le_bytes())),
+        ("e_phentsize is not 56", {
+            let mut c = so.clone();
+            c[0x36] = 55;
+            c
+        }),
     ];
     for (what, bytes) in cases {
         let err = check(&bytes).expect_err(what);

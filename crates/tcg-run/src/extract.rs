@@ -144,7 +144,11 @@ pub fn extract(package: &Path, entry: &str) -> Result<Extracted> {
     .map_err(|e| {
         e.rewrap(
             Code::RunPackageInvalid,
-            format_args!("cannot load {}: {}", package.display(), members.shared_object),
+            format_args!(
+                "cannot load {}: {}",
+                package.display(),
+                members.shared_object
+            ),
         )
     })?;
     Ok(Extracted {

@@ -264,7 +264,11 @@ static bool _check_aoti_runtime_check_inputs_env() {
         assert_eq!(facts.len(), 4000);
         let (w1, w2) = (input_scan_work(&small), input_scan_work(&big));
         assert!(w2 <= w1 * 2 + w1 / 10, "work {w1} -> {w2}");
-        assert!(w2 <= 8 * big.len() as u64, "work {w2} for {} bytes", big.len());
+        assert!(
+            w2 <= 8 * big.len() as u64,
+            "work {w2} for {} bytes",
+            big.len()
+        );
     }
 
     #[test]

@@ -16,7 +16,9 @@ fn blow_up(functions: usize) -> String {
             "static void check_input_{i}( int32_t a_expected_dtype = aoti_torch_dtype_float32(); "
         ));
         for k in 0..8 {
-            s.push_str(&format!("if (4 != a_size[{k}]) {{}} if (a_size[{k}] < 2) {{}} "));
+            s.push_str(&format!(
+                "if (4 != a_size[{k}]) {{}} if (a_size[{k}] < 2) {{}} "
+            ));
         }
     }
     s
@@ -43,7 +45,11 @@ fn the_scan_of_a_blown_up_wrapper_is_linear_and_bounded() {
     let (small, big) = (blow_up(5_000), blow_up(10_000));
     let (ws, wb) = (input_scan_work(&small), input_scan_work(&big));
     assert!(wb <= 2 * ws + ws / 10, "work {ws} -> {wb}");
-    assert!(wb <= 8 * big.len() as u64, "work {wb} for {} bytes", big.len());
+    assert!(
+        wb <= 8 * big.len() as u64,
+        "work {wb} for {} bytes",
+        big.len()
+    );
 
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["child_scan", "--exact", "--nocapture", "--test-threads=1"])

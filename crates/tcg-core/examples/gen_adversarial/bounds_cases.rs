@@ -174,7 +174,7 @@ pub fn elf_with_phdrs(edit: impl FnOnce(&mut Vec<[u64; 7]>)) -> Vec<u8> {
     so
 }
 
-pub fn cases(b: &Bases, add: &mut dyn FnMut(&str, Option<&'static str>, &str, Vec<u8>)) {
+pub fn cases(b: &Bases, add: Add<'_>) {
     let pe = |pkg: Vec<u8>| env(&b.md_a, &pkg, None);
     add(
         "bound-wrapper-bomb.tar.gz",
@@ -285,14 +285,16 @@ pub fn high_ratio_envelope(md: &[u8], mib: u64) -> Vec<u8> {
     let mut c = Compress::new(Compression::best(), false);
     let mut out = tcg_core::artifact::gzip::GZIP_HEADER.to_vec();
     let mut buf = Vec::with_capacity(head.len() + 1024);
-    c.compress_vec(&head, &mut buf, FlushCompress::Full).unwrap();
+    c.compress_vec(&head, &mut buf, FlushCompress::Full)
+        .unwrap();
     out.extend_from_slice(&buf);
     let (zeros, _, _) = zero_bomb(mib);
     // Without the bomb's empty final block: the tail's blocks follow.
     out.extend_from_slice(&zeros[..zeros.len() - 2]);
     let mut c2 = Compress::new(Compression::best(), false);
     let mut end = Vec::with_capacity(tail.len() + 1024);
-    c2.compress_vec(&tail, &mut end, FlushCompress::Finish).unwrap();
+    c2.compress_vec(&tail, &mut end, FlushCompress::Finish)
+        .unwrap();
     out.extend_from_slice(&end);
     let mut crc = Crc::new();
     crc.update(&head);

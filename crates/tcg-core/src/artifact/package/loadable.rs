@@ -56,7 +56,9 @@ impl Ranges for &[u8] {
             .iter()
             .map(|&(off, len)| {
                 if !inside(self.len() as u64, off, len) {
-                    return Err(invalid(format_args!("range {off}+{len} lies outside the file")));
+                    return Err(invalid(format_args!(
+                        "range {off}+{len} lies outside the file"
+                    )));
                 }
                 Ok(self[off as usize..(off + len) as usize].to_vec())
             })
@@ -81,7 +83,9 @@ impl Ranges for FileRanges<'_> {
             .iter()
             .map(|&(off, len)| {
                 if !inside(self.size, off, len) {
-                    return Err(invalid(format_args!("range {off}+{len} lies outside the file")));
+                    return Err(invalid(format_args!(
+                        "range {off}+{len} lies outside the file"
+                    )));
                 }
                 let mut buf = vec![0u8; len as usize];
                 self.file
@@ -109,7 +113,9 @@ impl Ranges for StreamRanges<'_> {
         let mut out: Vec<Vec<u8>> = Vec::with_capacity(ranges.len());
         for &(off, len) in ranges {
             if !inside(self.size, off, len) {
-                return Err(invalid(format_args!("range {off}+{len} lies outside the file")));
+                return Err(invalid(format_args!(
+                    "range {off}+{len} lies outside the file"
+                )));
             }
             out.push(vec![0u8; len as usize]);
         }
@@ -146,7 +152,9 @@ impl Ranges for StreamRanges<'_> {
             if at != size {
                 return Err(Error::new(
                     Code::ArtifactPackageZip,
-                    format!("cannot read package member: it holds {at} bytes, not the declared {size}"),
+                    format!(
+                        "cannot read package member: it holds {at} bytes, not the declared {size}"
+                    ),
                 ));
             }
             Ok(())
@@ -353,7 +361,9 @@ pub fn check_loadable(src: &mut dyn Ranges) -> Result<()> {
             )));
         }
         if p.kind == PT_TLS && !(p.align == 0 || p.align.is_power_of_two()) {
-            return Err(invalid("PT_TLS has an alignment that is not a power of two"));
+            return Err(invalid(
+                "PT_TLS has an alignment that is not a power of two",
+            ));
         }
         if p.kind == PT_DYNAMIC {
             if l.flags & PF_W == 0 {
@@ -376,8 +386,8 @@ pub fn check_loadable(src: &mut dyn Ranges) -> Result<()> {
         let offset = le64(sh, 0x18);
         let len = le64(sh, 0x20);
         if kind == SHT_DYNAMIC {
-            let matches = dynamic
-                .is_some_and(|d| d.offset == offset && d.vaddr == addr && d.filesz == len);
+            let matches =
+                dynamic.is_some_and(|d| d.offset == offset && d.vaddr == addr && d.filesz == len);
             if !matches {
                 return Err(invalid(format_args!(
                     "section {i} (SHT_DYNAMIC) does not match PT_DYNAMIC"
@@ -440,7 +450,21 @@ fn check_dynamic(bytes: &[u8], loads: &[Ph]) -> Result<()> {
     let get = |tag: u64| entries.iter().rev().find(|e| e.0 == tag).map(|e| e.1);
     // Addresses the loader dereferences.
     const ADDRESSES: [u64; 16] = [
-        3, 4, 5, 6, 7, 12, 13, 17, 23, 25, 26, 32, 0x6fff_fef5, 0x6fff_fff0, 0x6fff_fffc,
+        3,
+        4,
+        5,
+        6,
+        7,
+        12,
+        13,
+        17,
+        23,
+        25,
+        26,
+        32,
+        0x6fff_fef5,
+        0x6fff_fff0,
+        0x6fff_fffc,
         0x6fff_fffe,
     ];
     for &(tag, val) in &entries {
@@ -451,14 +475,21 @@ fn check_dynamic(bytes: &[u8], loads: &[Ph]) -> Result<()> {
         }
     }
     // (address tag, size tag): tables read from the file image.
-    for (at, sz) in [(5, 10), (7, 8), (17, 18), (23, 2), (25, 27), (26, 28), (36, 35)] {
+    for (at, sz) in [
+        (5, 10),
+        (7, 8),
+        (17, 18),
+        (23, 2),
+        (25, 27),
+        (26, 28),
+        (36, 35),
+    ] {
         let (Some(addr), size) = (get(at), get(sz)) else {
             continue;
         };
         let size = size.unwrap_or(0);
         let in_file = loads.iter().any(|l| {
-            addr >= l.vaddr
-                && matches!(addr.checked_add(size), Some(e) if e <= l.vaddr + l.filesz)
+            addr >= l.vaddr && matches!(addr.checked_add(size), Some(e) if e <= l.vaddr + l.filesz)
         });
         if !in_file {
             return Err(invalid(format_args!(

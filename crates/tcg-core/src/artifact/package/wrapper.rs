@@ -114,9 +114,8 @@ impl NextByte {
 
     /// The first occurrence of the byte at or after `from` in `text`.
     fn find(&mut self, text: &[u8], from: usize) -> Option<usize> {
-        let cached = self.from != usize::MAX
-            && from >= self.from
-            && self.at.is_none_or(|at| from <= at);
+        let cached =
+            self.from != usize::MAX && from >= self.from && self.at.is_none_or(|at| from <= at);
         if !cached {
             let hit = memchr::memchr(self.byte, &text[from..]);
             self.work += hit.map_or(text.len() - from, |h| h + 1) as u64;
