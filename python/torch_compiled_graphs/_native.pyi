@@ -1,5 +1,6 @@
 """Type stubs of the native extension ``torch_compiled_graphs._native``."""
 
+from collections.abc import Sequence
 from typing import Any, final
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "PACKAGE_MEMBER",
     "QUARANTINE_REF_PREFIX",
     "TOOLCHAIN_EXCLUDED",
+    "DLPackInput",
     "NativeEngine",
     "NativeModel",
     "NativeStore",
@@ -43,7 +45,9 @@ __all__ = [
     "literal_digest",
     "package_constant_table",
     "split_key",
+    "synchronize",
     "toolchain_axis",
+    "upload",
 ]
 
 COMPILED_GRAPH_FORMAT: int
@@ -134,10 +138,20 @@ def package_constant_table(package: str) -> list[dict[str, Any]]: ...
 @final
 class NativeModel:
     def __new__(
-        cls, torch_lib: str, package: str, entry: str, device: str, constants: list[tuple[str, str, str, list[int]]]
+        cls,
+        torch_lib: str,
+        package: str,
+        entry: str,
+        device: str,
+        sm: str,
+        constants: list[tuple[str, str, str, list[int]]],
     ) -> NativeModel: ...
     def bind(self, weights: str, literals: str | None = None) -> None: ...
-    def run(self, inputs: list[tuple[int, int, str, list[int]]]) -> list[NativeTensor]: ...
+    def run(
+        self, inputs: Sequence[DLPackInput | tuple[int, int, str, list[int]]], stream: int = 0
+    ) -> list[NativeTensor]: ...
+    @property
+    def device(self) -> str: ...
     @property
     def call_spec(self) -> tuple[str, str]: ...
     @property
@@ -160,4 +174,33 @@ class NativeTensor:
     @property
     def strides(self) -> tuple[int, ...]: ...
     @property
+    def device(self) -> str: ...
+    @property
+    def stream(self) -> int: ...
+    def cpu(self) -> NativeTensor: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    @property
     def __array_interface__(self) -> dict[str, Any]: ...
+
+@final
+class DLPackInput:
+    def __new__(cls, capsule: Any) -> DLPackInput: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def device(self) -> str: ...
+
+def upload(
+    torch_lib: str, address: int, nbytes: int, dtype: str, shape: list[int], device: str, stream: int
+) -> NativeTensor: ...
+def synchronize(torch_lib: str, stream: int) -> None: ...

@@ -263,18 +263,24 @@ class StoredCompiledGraph(_Record):
 
         return LoadedGraph(self, weights, device=device)
 
-    def load_native(self, weights: StrPath, *, torch_lib: StrPath | None = None) -> NativeGraph:
+    def load_native(
+        self, weights: StrPath, *, device: str | None = None, torch_lib: StrPath | None = None
+    ) -> NativeGraph:
         """Load this graph without importing torch and bind ``weights`` (a ``.safetensors`` file).
 
-        libtorch's shared libraries are opened from ``torch_lib``, or from the
+        ``device`` is ``"cpu"`` for a CPU artifact and ``"cuda:N"`` for an
+        ``sm_NN`` one (default: ``"cpu"``, or ``"cuda:0"``); the GPU's
+        capability must be the artifact's. libtorch's shared libraries (and
+        ``libtorch_cuda`` for a GPU) are opened from ``torch_lib``, or from the
         installed torch package (found without importing it). Every constant
         is checked by fqn (presence, no extras, dtype, shape) before anything
-        is bound; calls take numpy-compatible arrays and return arrays. CPU
-        graphs only. See docs/run.md.
+        is bound (on a GPU: before anything is copied to it); calls take
+        numpy-compatible or DLPack arrays and return DLPack-exportable
+        tensors. See docs/run.md.
         """
         from .native import NativeGraph
 
-        return NativeGraph(self, weights, torch_lib=torch_lib)
+        return NativeGraph(self, weights, device=device, torch_lib=torch_lib)
 
     @property
     def constants(self) -> list[dict[str, Any]]:

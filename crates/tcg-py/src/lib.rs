@@ -5,6 +5,7 @@
 
 mod artifact;
 mod convert;
+mod dlpack;
 mod engine;
 mod errors;
 mod host;
