@@ -1,5 +1,6 @@
 """Type stubs of the native extension ``torch_compiled_graphs._native``."""
 
+import builtins
 from collections.abc import Sequence
 from typing import Any, final
 
@@ -44,6 +45,7 @@ __all__ = [
     "key_from_metadata",
     "literal_digest",
     "package_constant_table",
+    "render_explanation",
     "split_key",
     "synchronize",
     "toolchain_axis",
@@ -104,6 +106,19 @@ class NativeEngine:
     def gc(self, max_bytes: int | None = None) -> dict[str, Any]: ...
     def fsck(self, quarantine: bool = False) -> dict[str, Any]: ...
     def stats(self) -> dict[str, int]: ...
+    def explain(
+        self,
+        declaration: dict[str, Any],
+        sm: str,
+        toolchain: dict[str, object],
+        lines: builtins.list[str] | None = None,
+        limit: int = ...,
+    ) -> dict[str, Any]: ...
+    def explain_stored(self, key: object, limit: int = ...) -> dict[str, Any] | None: ...
+    def explain_keys(self, a: object, b: object) -> dict[str, Any]: ...
+    def explain_class(self, name: str) -> dict[str, Any]: ...
+
+def render_explanation(kind: str, report: dict[str, Any]) -> str: ...
 
 GRAPH_REF_PREFIX: str
 QUARANTINE_REF_PREFIX: str

@@ -140,6 +140,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Say why keys differ: `KEY_A KEY_B` diffs two stored keys fact by fact;
+    /// `--graph-class NAME` lists what is stored for a class and how the entries
+    /// differ (exit 1 when a key or the class is not stored).
+    Explain {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Two stored keys: KEY_A (in the requested role) and KEY_B.
+        #[arg(
+            num_args = 2,
+            value_names = ["KEY_A", "KEY_B"],
+            required_unless_present = "graph_class",
+            conflicts_with = "graph_class"
+        )]
+        keys: Vec<String>,
+        /// List the stored entries of this graph class instead.
+        #[arg(long, value_name = "NAME")]
+        graph_class: Option<String>,
+        /// Print JSON (stable).
+        #[arg(long)]
+        json: bool,
+    },
     /// Hits, misses, mints, quarantines and bytes of a store.
     Stats {
         #[command(flatten)]
@@ -436,6 +457,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 Outcome::Negative
             })
         }
+        Command::Explain {
+            store,
+            keys,
+            graph_class,
+            json,
+        } => crate::explain::run(&store.engine()?, &keys, graph_class.as_deref(), json),
         Command::Stats { store, json } => {
             print_report(&store.engine()?.stats()?, json)?;
             Ok(Outcome::Success)

@@ -8,6 +8,7 @@
 
 mod adopt;
 mod commands;
+mod explain;
 mod output;
 
 use clap::Parser;

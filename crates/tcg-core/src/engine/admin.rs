@@ -174,6 +174,7 @@ impl Engine {
     /// the least recently resolved graph refs, until the store fits.
     pub fn gc(&self, max_bytes: Option<u64>) -> Result<Value> {
         let stale = self.drop_stale_admitted()?;
+        let stale_lines = self.drop_stale_witness_lines()?;
         let pass = |prefix: &str| {
             self.store
                 .gc(&GcOptions {
@@ -189,8 +190,9 @@ impl Engine {
             r = pass(GRAPH_REF_PREFIX)?;
             r.freed_objects += first.freed_objects;
             r.freed_bytes += first.freed_bytes;
-            // Admitted copies of evicted graphs are stale now.
+            // Admitted copies and kept lines of evicted graphs are stale now.
             self.drop_stale_admitted()?;
+            self.drop_stale_witness_lines()?;
         }
         let evicted: Vec<Value> = r
             .evicted_refs
@@ -205,6 +207,7 @@ impl Engine {
             ("freed_bytes", int(r.freed_bytes)),
             ("evicted_keys", Value::Array(evicted)),
             ("stale_admitted_copies", int(stale)),
+            ("stale_witness_lines", int(stale_lines)),
             ("reaped_leases", int(r.reaped_leases)),
             ("reaped_temps", int(r.reaped_temps)),
         ]))

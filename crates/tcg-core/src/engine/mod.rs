@@ -11,6 +11,8 @@ mod admin;
 mod admitted;
 mod adopt;
 mod destination;
+mod explain;
+mod explain_text;
 mod export;
 pub mod hashrepo;
 mod mint;
@@ -30,6 +32,10 @@ use crate::{Code, Error, Result};
 pub use admin::Counter;
 pub use admitted::{admitted_ref, ADMITTED_REF_PREFIX};
 pub use adopt::{AdoptEntry, AdoptStatus};
+pub use explain::{
+    witness_lines_ref, EXPLAIN_NEIGHBOURS, EXPLAIN_SCAN_MAX, WITNESS_LINES_REF_PREFIX,
+};
+pub use explain_text::{render_class, render_explanation, render_pair};
 pub use mint::{MintOutput, MintedLiteral};
 
 /// What publication decided (SPEC-v1 §10.4).

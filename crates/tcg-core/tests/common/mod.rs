@@ -102,6 +102,7 @@ pub fn reference_mint(dir: &Path) -> MintOutput {
         package: r.package,
         declaration: r.declaration,
         literals: vec![],
+        witness_lines: None,
     }
 }
 
