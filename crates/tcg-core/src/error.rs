@@ -105,6 +105,8 @@ codes! {
     ArtifactTruncatedGzip => Artifact, "artifact.truncated_gzip";
     ArtifactGzipTrailing => Artifact, "artifact.gzip_trailing";
     ArtifactDecompressedTooLarge => Artifact, "artifact.decompressed_too_large";
+    /// A stream inflates to more than the ratio cap allows for its compressed size.
+    ArtifactInflationRatio => Artifact, "artifact.inflation_ratio";
     ArtifactTarHeader => Artifact, "artifact.tar_header";
     ArtifactTarMember => Artifact, "artifact.tar_member";
     ArtifactTarTruncated => Artifact, "artifact.tar_truncated";
@@ -126,6 +128,10 @@ codes! {
     ArtifactFormatUnsupported => Artifact, "artifact.format_unsupported";
     ArtifactPackageZip => Artifact, "artifact.package_zip";
     ArtifactPackageLayout => Artifact, "artifact.package_layout";
+    /// The package zip lists more entries, or a larger central directory, than allowed.
+    ArtifactPackageTooManyEntries => Artifact, "artifact.package_too_many_entries";
+    /// A package member the verifier reads declares more bytes than its kind allows.
+    ArtifactPackageMemberTooLarge => Artifact, "artifact.package_member_too_large";
     ArtifactPackageEntryMismatch => Artifact, "artifact.package_entry_mismatch";
     ArtifactWrapperParse => Artifact, "artifact.wrapper_parse";
     ArtifactConstantsMismatch => Artifact, "artifact.constants_mismatch";

@@ -138,6 +138,22 @@ fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
     })
 }
 
+/// The longest `lock_timeout` accepted, in seconds (one year): longer waits
+/// are `None` (wait indefinitely) in all but name, and far larger values
+/// overflow the clock.
+pub const MAX_LOCK_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// A `lock_timeout` in seconds as a duration: finite, not negative, at most
+/// [`MAX_LOCK_TIMEOUT_SECS`]; anything else is a `ValueError`.
+fn lock_timeout_duration(seconds: f64) -> PyResult<Duration> {
+    if !seconds.is_finite() || !(0.0..=MAX_LOCK_TIMEOUT_SECS).contains(&seconds) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "lock_timeout must be a finite number of seconds from 0 to {MAX_LOCK_TIMEOUT_SECS}, or None; got {seconds}"
+        )));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
 /// The native engine over one store root. The Python `Engine` wraps it.
 #[pyclass(module = "torch_compiled_graphs._native", frozen)]
 pub struct NativeEngine {
@@ -149,9 +165,10 @@ impl NativeEngine {
     #[new]
     #[pyo3(signature = (root, lock_timeout=None))]
     fn new(py: Python<'_>, root: PathBuf, lock_timeout: Option<f64>) -> PyResult<Self> {
+        let timeout = lock_timeout.map(lock_timeout_duration).transpose()?;
         let engine = py.detach(|| Engine::open(&root)).py()?;
         Ok(NativeEngine {
-            inner: engine.with_lock_timeout(lock_timeout.map(Duration::from_secs_f64)),
+            inner: engine.with_lock_timeout(timeout),
         })
     }
 

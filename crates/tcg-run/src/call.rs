@@ -89,6 +89,15 @@ impl Graph {
                     ),
                 ));
             }
+            if input.data == 0 && input.nbytes > 0 {
+                return Err(Error::new(
+                    Code::RunInputLayout,
+                    format!(
+                        "input {i} has a null data pointer for {} bytes",
+                        input.nbytes
+                    ),
+                ));
+            }
             if let Some(facts) = &self.input_facts {
                 check_fact(i, input, &facts[i])?;
             }

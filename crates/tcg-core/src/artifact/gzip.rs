@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 
 use flate2::{Compress, Compression, Crc, Decompress, FlushCompress, FlushDecompress, Status};
 
-use super::limits::MAX_TAR_BYTES;
+use super::limits::{inflation_cap, MAX_INFLATION_RATIO, MAX_TAR_BYTES};
 use crate::error::{Code, Error, Result};
 
 /// The exact 10-byte header the writer emits: CM 8, FLG 0, MTIME 0, XFL 2,
@@ -193,6 +193,20 @@ impl<R: Read> GzipReader<R> {
                     return Err(Error::new(
                         Code::ArtifactDecompressedTooLarge,
                         format!("envelope decompresses to more than {} bytes", self.limit),
+                    ));
+                }
+                // Checked as the stream goes, against the compressed bytes
+                // consumed so far, so a bomb stops after a bounded amount of
+                // output whatever its length.
+                let consumed_in = self.inflate.total_in() + 10;
+                if self.out_total > inflation_cap(consumed_in) {
+                    return Err(Error::new(
+                        Code::ArtifactInflationRatio,
+                        format!(
+                            "envelope inflated to {} bytes from {consumed_in} compressed bytes, over the cap of {} (the allowance plus {MAX_INFLATION_RATIO}:1)",
+                            self.out_total,
+                            inflation_cap(consumed_in)
+                        ),
                     ));
                 }
                 self.crc.update(&out[..produced]);
