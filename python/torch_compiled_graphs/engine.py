@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from typing import Any, TypeAlias, TypeVar
 
     from .declaration import GraphClassSpec
+    from .explain import Explanation
+    from .identity import GraphClassDeclaration
     from .native import NativeGraph
     from .runner import LoadedGraph
     from .store import LocalCAS
@@ -263,18 +265,24 @@ class StoredCompiledGraph(_Record):
 
         return LoadedGraph(self, weights, device=device)
 
-    def load_native(self, weights: StrPath, *, torch_lib: StrPath | None = None) -> NativeGraph:
+    def load_native(
+        self, weights: StrPath, *, device: str | None = None, torch_lib: StrPath | None = None
+    ) -> NativeGraph:
         """Load this graph without importing torch and bind ``weights`` (a ``.safetensors`` file).
 
-        libtorch's shared libraries are opened from ``torch_lib``, or from the
+        ``device`` is ``"cpu"`` for a CPU artifact and ``"cuda:N"`` for an
+        ``sm_NN`` one (default: ``"cpu"``, or ``"cuda:0"``); the GPU's
+        capability must be the artifact's. libtorch's shared libraries (and
+        ``libtorch_cuda`` for a GPU) are opened from ``torch_lib``, or from the
         installed torch package (found without importing it). Every constant
         is checked by fqn (presence, no extras, dtype, shape) before anything
-        is bound; calls take numpy-compatible arrays and return arrays. CPU
-        graphs only. See docs/run.md.
+        is bound (on a GPU: before anything is copied to it); calls take
+        numpy-compatible or DLPack arrays and return DLPack-exportable
+        tensors. See docs/run.md.
         """
         from .native import NativeGraph
 
-        return NativeGraph(self, weights, torch_lib=torch_lib)
+        return NativeGraph(self, weights, device=device, torch_lib=torch_lib)
 
     @property
     def constants(self) -> list[dict[str, Any]]:
@@ -286,18 +294,26 @@ class EnsureResult(_Record):
     """What :meth:`Engine.ensure` did (:attr:`outcome`) and what it resolved (:attr:`compiled_graph`).
 
     ``publication`` is the :class:`StoreResult` of the mint (``None`` on a
-    hit); ``graph`` is kept as an alias of ``compiled_graph``.
+    hit); ``graph`` is kept as an alias of ``compiled_graph``. ``explanation``
+    is set when this call compiled (a miss): whether and how the stored
+    entries of the same graph class differ from the requested key; it is
+    ``None`` on a hit.
     """
 
-    __slots__ = ("compiled_graph", "outcome", "publication")
+    __slots__ = ("compiled_graph", "explanation", "outcome", "publication")
     outcome: EnsureOutcome
     compiled_graph: StoredCompiledGraph
     publication: StoreResult | None
+    explanation: Explanation | None
 
     def __init__(
-        self, outcome: EnsureOutcome, compiled_graph: StoredCompiledGraph, publication: StoreResult | None = None
+        self,
+        outcome: EnsureOutcome,
+        compiled_graph: StoredCompiledGraph,
+        publication: StoreResult | None = None,
+        explanation: Explanation | None = None,
     ) -> None:
-        self._set(outcome=outcome, compiled_graph=compiled_graph, publication=publication)
+        self._set(outcome=outcome, compiled_graph=compiled_graph, publication=publication, explanation=explanation)
 
     @property
     def graph(self) -> StoredCompiledGraph:
@@ -411,11 +427,48 @@ class Engine:
 
             out = self._native.ensure(key, os.fspath(destination), target, dict(toolchain), mint)
         publication = out["publication"]
+        outcome = EnsureOutcome.of(out["outcome"])
+        explanation = None
+        if outcome is EnsureOutcome.MINTED:
+            from .explain import explain_miss
+
+            explanation = explain_miss(self._native, key)
         return EnsureResult(
-            EnsureOutcome.of(out["outcome"]),
+            outcome,
             StoredCompiledGraph._from_native(out["resolved"]),
             None if publication is None else StoreResult._from_native(publication),
+            explanation,
         )
+
+    def explain(
+        self,
+        what: GraphClassSpec | GraphClassDeclaration,
+        *,
+        target: str,
+        toolchain: Mapping[str, object],
+        limit: int = 3,
+    ) -> Explanation:
+        """Why the key of ``what`` under ``target`` and ``toolchain`` would miss, fact by fact.
+
+        ``what`` is a ``GraphClassSpec`` (its program's canonical lines are
+        compared too) or a ``GraphClassDeclaration`` alone (no torch needed).
+        ``target`` is ``cpu`` (this host's level), ``sm_NN[a]`` or a concrete
+        ``cpu-<level>``; no device is checked and nothing is compiled. The
+        result says whether the key is stored and lists at most ``limit``
+        nearest stored entries of the same graph class name with the axes and
+        facts that differ (docs/keys.md, "Why did it miss?").
+        """
+        from .explain import explain_request
+
+        return explain_request(self._native, what, target, toolchain, limit)
+
+    def explain_keys(self, a: str, b: str) -> dict[str, Any]:
+        """The facts that differ between two stored keys (``a`` in the requested role)."""
+        return dict(self._native.explain_keys(a, b))
+
+    def explain_class(self, graph_class: str) -> dict[str, Any]:
+        """Every stored entry of ``graph_class``, each diffed against the first (key order)."""
+        return dict(self._native.explain_class(graph_class))
 
     def import_artifact(self, key: str, path: StrPath) -> StoreResult:
         """Verify an envelope, admit it on this host and publish it under ``key``.

@@ -166,6 +166,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Say why keys differ: `KEY_A KEY_B` diffs two stored keys fact by fact;
+    /// `--graph-class NAME` lists what is stored for a class and how the entries
+    /// differ (exit 1 when a key or the class is not stored).
+    Explain {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Two stored keys: KEY_A (in the requested role) and KEY_B.
+        #[arg(
+            num_args = 2,
+            value_names = ["KEY_A", "KEY_B"],
+            required_unless_present = "graph_class",
+            conflicts_with = "graph_class"
+        )]
+        keys: Vec<String>,
+        /// List the stored entries of this graph class instead.
+        #[arg(long, value_name = "NAME")]
+        graph_class: Option<String>,
+        /// Print JSON (stable).
+        #[arg(long)]
+        json: bool,
+    },
     /// Hits, misses, mints, quarantines and bytes of a store.
     Stats {
         #[command(flatten)]
@@ -251,7 +272,20 @@ fn signature_rows(artifact: &std::path::Path) -> anyhow::Result<Option<Vec<Value
 }
 
 impl StoreArg {
+    /// An engine over the store, created if absent (import, gc).
     fn engine(&self) -> anyhow::Result<Engine> {
+        let root = self.root()?;
+        Engine::open(&root).with_context(|| format!("cannot open the store at {}", root.display()))
+    }
+
+    /// An engine over an existing store; nothing is created (`store.not_found`).
+    fn existing(&self) -> anyhow::Result<Engine> {
+        let root = self.root()?;
+        Engine::open_existing(&root)
+            .with_context(|| format!("cannot open the store at {}", root.display()))
+    }
+
+    fn root(&self) -> anyhow::Result<PathBuf> {
         let root = match &self.cas_root {
             Some(root) => root.clone(),
             None => {
@@ -263,7 +297,7 @@ impl StoreArg {
                 base.join("torch-compiled-graphs")
             }
         };
-        Engine::open(&root).with_context(|| format!("cannot open the store at {}", root.display()))
+        Ok(root)
     }
 }
 
@@ -470,7 +504,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             dest,
             json,
         } => {
-            let engine = store.engine()?;
+            let engine = store.existing()?;
             match engine.resolve(&key, &dest) {
                 Ok(Some(r)) => {
                     let mut m = metadata_summary(&r.metadata);
@@ -556,7 +590,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Ls { store, json } => {
-            let rows = store.engine()?.list()?;
+            let rows = store.existing()?.list()?;
             if json {
                 print_json(&rows)?;
             } else {
@@ -598,7 +632,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             quarantine,
             json,
         } => {
-            let (report, clean) = store.engine()?.fsck(quarantine)?;
+            let (report, clean) = store.existing()?.fsck(quarantine)?;
             print_report(&report, json)?;
             Ok(if clean {
                 Outcome::Success
@@ -606,8 +640,14 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 Outcome::Negative
             })
         }
+        Command::Explain {
+            store,
+            keys,
+            graph_class,
+            json,
+        } => crate::explain::run(&store.engine()?, &keys, graph_class.as_deref(), json),
         Command::Stats { store, json } => {
-            print_report(&store.engine()?.stats()?, json)?;
+            print_report(&store.existing()?.stats()?, json)?;
             Ok(Outcome::Success)
         }
         Command::CheckKey { value } => {

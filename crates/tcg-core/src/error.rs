@@ -108,6 +108,8 @@ codes! {
     ArtifactTruncatedGzip => Artifact, "artifact.truncated_gzip";
     ArtifactGzipTrailing => Artifact, "artifact.gzip_trailing";
     ArtifactDecompressedTooLarge => Artifact, "artifact.decompressed_too_large";
+    /// A stream inflates to more than the ratio cap allows for its compressed size.
+    ArtifactInflationRatio => Artifact, "artifact.inflation_ratio";
     ArtifactTarHeader => Artifact, "artifact.tar_header";
     ArtifactTarMember => Artifact, "artifact.tar_member";
     ArtifactTarTruncated => Artifact, "artifact.tar_truncated";
@@ -129,6 +131,10 @@ codes! {
     ArtifactFormatUnsupported => Artifact, "artifact.format_unsupported";
     ArtifactPackageZip => Artifact, "artifact.package_zip";
     ArtifactPackageLayout => Artifact, "artifact.package_layout";
+    /// The package zip lists more entries, or a larger central directory, than allowed.
+    ArtifactPackageTooManyEntries => Artifact, "artifact.package_too_many_entries";
+    /// A package member the verifier reads declares more bytes than its kind allows.
+    ArtifactPackageMemberTooLarge => Artifact, "artifact.package_member_too_large";
     ArtifactPackageEntryMismatch => Artifact, "artifact.package_entry_mismatch";
     ArtifactWrapperParse => Artifact, "artifact.wrapper_parse";
     ArtifactConstantsMismatch => Artifact, "artifact.constants_mismatch";
@@ -166,6 +172,12 @@ codes! {
     StoreManifestInvalid => Storage, "store.manifest_invalid";
     /// The root is a torch-compiled-graphs 0.2.0 (HashRepo) store: adopt it into a new root.
     StoreHashrepoRoot => Storage, "store.hashrepo_root";
+    /// A store directory or file can be written by another local user.
+    StoreInsecurePermissions => Storage, "store.insecure_permissions";
+    /// A read-only operation named a root that holds no store.
+    StoreNotFound => Storage, "store.not_found";
+    /// A destination lies inside the store root.
+    StoreDestinationInStore => Storage, "store.destination_in_store";
 
     QuarantinePresent => Quarantined, "quarantine.present";
     QuarantineExportVerification => Quarantined, "quarantine.export_verification";
@@ -312,7 +324,11 @@ impl Error {
             kind: Kind::Io,
             code: Code::IoError,
             message: format!("{context}: {err}"),
-            errno: err.raw_os_error(),
+            // An allocation refused by a library (try_reserve) carries no
+            // errno; it is still ENOMEM, and never evidence about bytes.
+            errno: err
+                .raw_os_error()
+                .or((err.kind() == std::io::ErrorKind::OutOfMemory).then_some(libc::ENOMEM)),
         }
     }
 
@@ -397,6 +413,58 @@ mod tests {
         }
         let core = Error::from_trust(tcg_trust::TrustError::Io { path, source: io() });
         assert_eq!((core.code(), core.errno()), (Code::IoError, Some(2)));
+    }
+
+    /// The codes of store hardening (issue 13), bounded packages and signed
+    /// provenance (issue 15), pinned by string and kind: renaming one
+    /// breaks users who match on it.
+    #[test]
+    fn hardening_and_trust_codes_are_pinned() {
+        let pinned = [
+            ("artifact.inflation_ratio", Kind::Artifact),
+            ("artifact.package_too_many_entries", Kind::Artifact),
+            ("artifact.package_member_too_large", Kind::Artifact),
+            ("store.insecure_permissions", Kind::Storage),
+            ("store.not_found", Kind::Storage),
+            ("store.destination_in_store", Kind::Storage),
+            ("trust.unsigned", Kind::Trust),
+            ("trust.untrusted_signer", Kind::Trust),
+            ("trust.bad_signature", Kind::Trust),
+            ("trust.namespace", Kind::Trust),
+            ("trust.expired", Kind::Trust),
+            ("trust.revoked", Kind::Trust),
+            ("trust.statement_mismatch", Kind::Trust),
+            ("trust.allowed_signers_invalid", Kind::Trust),
+            ("trust.cert_authority_unsupported", Kind::Trust),
+            ("trust.signatures_invalid", Kind::Trust),
+            ("trust.signing_key_invalid", Kind::Trust),
+        ];
+        for (s, kind) in pinned {
+            let code = Code::from_str_code(s).unwrap_or_else(|| panic!("{s} is not a code"));
+            assert_eq!(Error::new(code, "x").kind(), kind, "{s}");
+        }
+    }
+
+    /// The store's hardening errors keep their own codes through the
+    /// engine, which maps store errors by code string (an unknown string
+    /// would fall back to `store.ref_invalid`).
+    #[test]
+    fn store_hardening_errors_keep_their_codes_in_the_engine() {
+        let p = std::path::PathBuf::from("p");
+        let all = [
+            tcg_cas::StoreError::InsecurePermissions {
+                path: p.clone(),
+                reason: String::new(),
+            },
+            tcg_cas::StoreError::NotFound {
+                path: p.clone(),
+                reason: String::new(),
+            },
+        ];
+        for e in all {
+            let code = Code::from_str_code(e.code()).unwrap_or_else(|| panic!("{}", e.code()));
+            assert_eq!(crate::engine::store_err(e).code(), code);
+        }
     }
 
     #[test]

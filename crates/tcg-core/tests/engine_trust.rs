@@ -340,3 +340,41 @@ fn trust_settings_refuse_unusable_files_with_codes() {
     let err = not_private.load().unwrap_err();
     assert_eq!(err.code(), Code::TrustSigningKeyInvalid, "{err}");
 }
+
+#[test]
+fn gc_eviction_keeps_signature_records_and_a_reimport_finds_them_again() {
+    let d = tempfile::tempdir().unwrap();
+    let (key, _public) = keygen(d.path(), "ops", "ops@a.example");
+    let e = Engine::open(d.path().join("store")).unwrap();
+    e.import_artifact(KEY, &reference()).unwrap();
+    let signer = tcg_trust::Signer::from_file(&key).unwrap();
+    e.sign_stored(KEY, &signer, Some("release")).unwrap();
+    let sig_refs = || {
+        e.store()
+            .list_refs(SIGNATURE_REF_PREFIX)
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|r| (r.name, r.target.digest))
+            .collect::<Vec<_>>()
+    };
+    let before = sig_refs();
+    assert_eq!(before.len(), 1);
+
+    // A zero budget evicts the graph; the signature record stays (docs/trust.md).
+    let report = e.gc(Some(0)).unwrap();
+    let evicted = report.as_object().unwrap()["evicted_keys"].clone();
+    assert!(evicted
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|k| k.as_str() == Some(KEY)));
+    assert!(e.store().get_ref(&graph_ref(KEY)).unwrap().is_none());
+    assert_eq!(sig_refs(), before);
+    let (fsck, clean) = e.fsck(false).unwrap();
+    assert!(clean, "{fsck:?}");
+
+    // The same envelope, imported again without a .sig, is signed again.
+    e.import_artifact(KEY, &reference()).unwrap();
+    assert_eq!(e.signers(KEY).unwrap().len(), 1);
+}
