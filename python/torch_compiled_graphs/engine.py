@@ -199,21 +199,26 @@ class StoredCompiledGraph(_Record):
     ``package_path`` are kept as aliases of ``directory`` and ``package``.
     """
 
-    __slots__ = ("_path", "key", "manifest", "metadata")
+    __slots__ = ("_path", "key", "manifest", "metadata", "source")
     key: str
     _path: str
     metadata: dict[str, Any]
     manifest: str
+    #: Where it came from: ``"local"`` (the local store), ``"remote"`` (fetched
+    #: from the fleet remote and verified) or ``"compiled"`` (minted by this call).
+    source: str
 
-    def __init__(self, key: str, path: StrPath, metadata: dict[str, Any], manifest: str) -> None:
-        self._set(key=key, _path=os.fspath(path), metadata=metadata, manifest=manifest)
+    def __init__(
+        self, key: str, path: StrPath, metadata: dict[str, Any], manifest: str, source: str = "local"
+    ) -> None:
+        self._set(key=key, _path=os.fspath(path), metadata=metadata, manifest=manifest, source=source)
 
     def __repr__(self) -> str:
         return f"StoredCompiledGraph(key={self.key!r}, directory={self._path!r})"
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> StoredCompiledGraph:
-        return cls(d["key"], d["destination"], d["metadata"], d["manifest"])
+        return cls(d["key"], d["destination"], d["metadata"], d["manifest"], d.get("source", "local"))
 
     @property
     def directory(self) -> Path:
@@ -286,23 +291,41 @@ class EnsureResult(_Record):
     """What :meth:`Engine.ensure` did (:attr:`outcome`) and what it resolved (:attr:`compiled_graph`).
 
     ``publication`` is the :class:`StoreResult` of the mint (``None`` on a
-    hit); ``graph`` is kept as an alias of ``compiled_graph``.
+    hit); ``graph`` is kept as an alias of ``compiled_graph``. ``source`` says
+    where the graph came from; ``remote_publication`` is the fleet remote's
+    verdict on a mint (``{"outcome", "manifest"}``) or ``None``.
     """
 
-    __slots__ = ("compiled_graph", "outcome", "publication")
+    __slots__ = ("compiled_graph", "outcome", "publication", "remote_publication")
     outcome: EnsureOutcome
     compiled_graph: StoredCompiledGraph
     publication: StoreResult | None
+    #: The fleet remote's verdict on this mint (``{"outcome", "manifest"}``), or ``None``.
+    remote_publication: dict[str, str] | None
 
     def __init__(
-        self, outcome: EnsureOutcome, compiled_graph: StoredCompiledGraph, publication: StoreResult | None = None
+        self,
+        outcome: EnsureOutcome,
+        compiled_graph: StoredCompiledGraph,
+        publication: StoreResult | None = None,
+        remote_publication: dict[str, str] | None = None,
     ) -> None:
-        self._set(outcome=outcome, compiled_graph=compiled_graph, publication=publication)
+        self._set(
+            outcome=outcome,
+            compiled_graph=compiled_graph,
+            publication=publication,
+            remote_publication=remote_publication,
+        )
 
     @property
     def graph(self) -> StoredCompiledGraph:
         """Alias of :attr:`compiled_graph`."""
         return self.compiled_graph
+
+    @property
+    def source(self) -> str:
+        """Where the graph came from: ``"local"``, ``"remote"`` or ``"compiled"``."""
+        return self.compiled_graph.source
 
     def __repr__(self) -> str:
         return (
@@ -330,7 +353,10 @@ class Engine:
     ``store`` is a :class:`~torch_compiled_graphs.LocalCAS`, a store root path,
     or ``None`` for :func:`default_store_root` (``root=`` is accepted as a
     keyword alias). ``lock_timeout`` bounds how long ``ensure`` waits for
-    another process minting the same key.
+    another process minting the same key. ``remote`` (``s3://bucket/prefix``;
+    default ``$TORCH_COMPILED_GRAPHS_REMOTE``, ``""`` for none) names a fleet
+    remote consulted on a local miss; see docs/fleet.md. Nothing is contacted
+    until a miss needs it.
     """
 
     def __init__(
@@ -339,12 +365,25 @@ class Engine:
         *,
         lock_timeout: float | None = None,
         root: StrPath | None = None,
+        remote: str | None = None,
     ) -> None:
         if root is not None:
             if store is not None:
                 raise TypeError("Engine() takes a store or root=, not both")
             store = root
-        self._native = _native.NativeEngine(_store_root(store), lock_timeout)
+        if remote is None:
+            remote = os.environ.get("TORCH_COMPILED_GRAPHS_REMOTE", "")
+        self._native = _native.NativeEngine(_store_root(store), lock_timeout, remote.strip() or None)
+
+    @property
+    def remote(self) -> str | None:
+        """The fleet remote's URL, or ``None``."""
+        return self._native.remote
+
+    def pull(self, keys: list[str]) -> list[dict[str, Any]]:
+        """Bring ``keys`` into the local store from the remote, verified; one row a key with its
+        ``source`` (``"local"``, ``"remote"`` or ``None`` when neither has it)."""
+        return list(self._native.pull(list(keys)))
 
     @property
     def root(self) -> Path:
@@ -391,6 +430,7 @@ class Engine:
             EnsureOutcome.of(out["outcome"]),
             StoredCompiledGraph._from_native(out["resolved"]),
             None if publication is None else StoreResult._from_native(publication),
+            out.get("remote_publication"),
         )
 
     def import_artifact(self, key: str, path: StrPath) -> StoreResult:

@@ -140,13 +140,49 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Hits, misses, mints, quarantines and bytes of a store.
+    /// Hits, misses, mints, quarantines, remote counters and bytes of a store.
     Stats {
         #[command(flatten)]
         store: StoreArg,
         /// Print JSON.
+        #[arg(long, conflicts_with = "prometheus")]
+        json: bool,
+        /// Print the Prometheus text exposition format (for a node
+        /// exporter's textfile collector).
+        #[arg(long)]
+        prometheus: bool,
+    },
+    /// Publish local records to the remote, first writer wins.
+    Push {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Keys to publish [default: every local key].
+        keys: Vec<String>,
+        /// Read more keys from this file (one a line; `-` is stdin).
+        #[arg(long, value_name = "FILE")]
+        from: Option<PathBuf>,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Prefetch keys from the remote into the local store (verified), for
+    /// warm-up and offline bundles. Exit 1 if a key was found nowhere.
+    Pull {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Keys to fetch [default: every key the remote has].
+        keys: Vec<String>,
+        /// Read more keys from this file (one a line; `-` is stdin).
+        #[arg(long, value_name = "FILE")]
+        from: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Operate the fleet remote.
+    Fleet {
+        #[command(subcommand)]
+        command: crate::fleet::FleetCommand,
     },
 }
 
@@ -155,10 +191,41 @@ pub(crate) struct StoreArg {
     /// The store root [default: $XDG_CACHE_HOME/torch-compiled-graphs].
     #[arg(long = "cas-root", value_name = "DIR")]
     cas_root: Option<PathBuf>,
+    /// A fleet remote consulted on a local miss, s3://bucket/prefix
+    /// [default: $TORCH_COMPILED_GRAPHS_REMOTE].
+    #[arg(long = "remote", value_name = "URL")]
+    remote: Option<String>,
 }
 
 impl StoreArg {
-    fn engine(&self) -> anyhow::Result<Engine> {
+    /// The remote URL: `--remote`, else the environment.
+    pub(crate) fn remote_url(&self) -> Option<String> {
+        self.remote
+            .clone()
+            .or_else(tcg_remote::RemoteConfig::env_url)
+    }
+
+    /// The remote, required.
+    pub(crate) fn remote(&self) -> anyhow::Result<std::sync::Arc<tcg_remote::Remote>> {
+        let url = self.remote_url().context(
+            "this command needs a remote: pass --remote s3://bucket/prefix or set TORCH_COMPILED_GRAPHS_REMOTE",
+        )?;
+        Ok(std::sync::Arc::new(tcg_remote::Remote::from_url(&url)?))
+    }
+
+    /// The engine, with the remote attached when one is configured.
+    pub(crate) fn engine(&self) -> anyhow::Result<Engine> {
+        let engine = self.local_engine()?;
+        Ok(match self.remote_url() {
+            Some(url) => {
+                engine.with_remote(std::sync::Arc::new(tcg_remote::Remote::from_url(&url)?))
+            }
+            None => engine,
+        })
+    }
+
+    /// The engine over the local store alone.
+    pub(crate) fn local_engine(&self) -> anyhow::Result<Engine> {
         let root = match &self.cas_root {
             Some(root) => root.clone(),
             None => {
@@ -194,7 +261,7 @@ pub(crate) fn print_json(value: &Value) -> anyhow::Result<()> {
     print_line(&tcg_cj::to_canonical_string(value)?)
 }
 
-fn print_report(value: &Value, json: bool) -> anyhow::Result<()> {
+pub(crate) fn print_report(value: &Value, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(value);
     }
@@ -332,6 +399,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                         r.destination.display().to_string().into(),
                     );
                     m.insert("manifest".into(), r.manifest.into());
+                    m.insert("source".into(), r.source.as_str().into());
                     if json {
                         print_json(&Value::Object(m))?;
                     } else {
@@ -436,10 +504,32 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 Outcome::Negative
             })
         }
-        Command::Stats { store, json } => {
-            print_report(&store.engine()?.stats()?, json)?;
+        Command::Stats {
+            store,
+            json,
+            prometheus,
+        } => {
+            let stats = store.local_engine()?.stats()?;
+            if prometheus {
+                print_line(crate::fleet::prometheus(&stats).trim_end())?;
+            } else {
+                print_report(&stats, json)?;
+            }
             Ok(Outcome::Success)
         }
+        Command::Push {
+            store,
+            keys,
+            from,
+            json,
+        } => crate::fleet::push(&store, keys, from, json),
+        Command::Pull {
+            store,
+            keys,
+            from,
+            json,
+        } => crate::fleet::pull(&store, keys, from, json),
+        Command::Fleet { command } => crate::fleet::dispatch(command),
         Command::CheckKey { value } => {
             if identity::is_compiled_graph_key(&value) {
                 print_line("valid")?;

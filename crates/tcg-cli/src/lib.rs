@@ -8,6 +8,7 @@
 
 mod adopt;
 mod commands;
+mod fleet;
 mod output;
 
 use clap::Parser;

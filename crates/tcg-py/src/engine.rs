@@ -41,6 +41,7 @@ fn resolved_value(r: &Resolved) -> Value {
     );
     m.insert("metadata".into(), Value::Object(r.metadata.value().clone()));
     m.insert("manifest".into(), r.manifest.clone().into());
+    m.insert("source".into(), r.source.as_str().into());
     Value::Object(m)
 }
 
@@ -116,17 +117,36 @@ fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
 #[pyclass(module = "torch_compiled_graphs._native", frozen)]
 pub struct NativeEngine {
     inner: Engine,
+    remote_url: Option<String>,
 }
 
 #[pymethods]
 impl NativeEngine {
     #[new]
-    #[pyo3(signature = (root, lock_timeout=None))]
-    fn new(py: Python<'_>, root: PathBuf, lock_timeout: Option<f64>) -> PyResult<Self> {
+    #[pyo3(signature = (root, lock_timeout=None, remote=None))]
+    fn new(
+        py: Python<'_>,
+        root: PathBuf,
+        lock_timeout: Option<f64>,
+        remote: Option<String>,
+    ) -> PyResult<Self> {
         let engine = py.detach(|| Engine::open(&root)).py()?;
+        let mut engine = engine.with_lock_timeout(lock_timeout.map(Duration::from_secs_f64));
+        // Only the URL is checked here: the client is built on the first miss.
+        if let Some(url) = &remote {
+            let r = tcg_remote::Remote::from_url(url).py()?;
+            engine = engine.with_remote(std::sync::Arc::new(r));
+        }
         Ok(NativeEngine {
-            inner: engine.with_lock_timeout(lock_timeout.map(Duration::from_secs_f64)),
+            inner: engine,
+            remote_url: remote,
         })
+    }
+
+    /// The remote URL, if one is configured.
+    #[getter]
+    fn remote(&self) -> Option<String> {
+        self.remote_url.clone()
     }
 
     /// The store root.
@@ -191,6 +211,19 @@ impl NativeEngine {
         m.insert("outcome".into(), result.outcome.as_str().into());
         m.insert("resolved".into(), resolved_value(&result.resolved));
         m.insert(
+            "remote_publication".into(),
+            result
+                .remote_publication
+                .as_ref()
+                .map(|p| {
+                    let mut r = Map::new();
+                    r.insert("outcome".into(), p.outcome.as_str().into());
+                    r.insert("manifest".into(), p.manifest.clone().into());
+                    Value::Object(r)
+                })
+                .unwrap_or(Value::Null),
+        );
+        m.insert(
             "publication".into(),
             result
                 .publication
@@ -249,6 +282,14 @@ impl NativeEngine {
     #[pyo3(signature = (quarantine=false))]
     fn fsck<'py>(&self, py: Python<'py>, quarantine: bool) -> PyResult<Bound<'py, PyAny>> {
         let (v, _) = py.detach(|| self.inner.fsck(quarantine)).py()?;
+        from_value(py, &v)
+    }
+
+    /// Bring keys into the local store from the remote (verified); one row a key.
+    fn pull<'py>(&self, py: Python<'py>, keys: Vec<String>) -> PyResult<Bound<'py, PyAny>> {
+        let v = py
+            .detach(|| tcg_remote::ops::pull(&self.inner, &keys, &mut |_, _| {}))
+            .py()?;
         from_value(py, &v)
     }
 

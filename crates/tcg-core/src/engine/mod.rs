@@ -16,6 +16,7 @@ pub mod hashrepo;
 mod mint;
 mod publish;
 mod quarantine;
+mod remote;
 mod resolve;
 
 use std::path::{Path, PathBuf};
@@ -31,6 +32,10 @@ pub use admin::Counter;
 pub use admitted::{admitted_ref, ADMITTED_REF_PREFIX};
 pub use adopt::{AdoptEntry, AdoptStatus};
 pub use mint::{MintOutput, MintedLiteral};
+pub use remote::{
+    warn as remote_warn, FailureSlot, Flight, RemoteEnvelope, RemoteError, RemotePublication,
+    RemoteTier, Source, StreamFailure,
+};
 
 /// What publication decided (SPEC-v1 §10.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +103,15 @@ pub struct Resolved {
     pub metadata: Metadata,
     /// The manifest digest of the envelope that was selected (64 hex).
     pub manifest: String,
+    /// Where it came from (set by the caller that knows: local by default).
+    pub source: Source,
+}
+
+impl Resolved {
+    fn fetched(mut self) -> Resolved {
+        self.source = Source::Remote;
+        self
+    }
 }
 
 /// The result of `ensure`.
@@ -109,6 +123,8 @@ pub struct EnsureResult {
     pub resolved: Resolved,
     /// The publication result on the miss path; `None` on a hit.
     pub publication: Option<StoreResult>,
+    /// The remote tier's publication verdict, when a mint was published there.
+    pub remote_publication: Option<RemotePublication>,
 }
 
 /// What an `ensure` caller requests (SPEC-v1 §4.5): a target and a toolchain block.
@@ -169,6 +185,7 @@ impl Request {
 pub struct Engine {
     store: Store,
     lock_timeout: Option<Duration>,
+    remote: Option<std::sync::Arc<dyn RemoteTier>>,
 }
 
 impl Engine {
@@ -178,6 +195,7 @@ impl Engine {
         Ok(Engine {
             store,
             lock_timeout: None,
+            remote: None,
         })
     }
 
