@@ -199,7 +199,7 @@ class FaultProxy:
             if hit and f.kind == "corrupt" and payload:
                 mid = len(payload) // 2
                 payload = payload[:mid] + bytes([payload[mid] ^ 0xFF]) + payload[mid + 1 :]
-            declared = len(payload)
+            declared = len(payload) if method != "HEAD" else int(r.getheader("Content-Length", "0"))
             if hit and f.kind == "truncate":
                 payload = payload[: len(payload) // 2]
             out_headers = [(k, v) for k, v in out_headers if k.lower() != "content-length"]

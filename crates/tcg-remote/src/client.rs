@@ -117,6 +117,10 @@ fn build_store(config: &RemoteConfig) -> Result<Arc<dyn ObjectStore>> {
                     }
                 }
             }
+            for (k, v) in &config.options {
+                let key = k.parse::<AmazonS3ConfigKey>().map_err(|e| invalid(&e))?;
+                b = b.with_config(key, v);
+            }
             let s = b.with_url(base.as_str()).build().map_err(|e| invalid(&e))?;
             Ok(Arc::new(s))
         }

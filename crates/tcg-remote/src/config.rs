@@ -30,6 +30,9 @@ pub struct RemoteConfig {
     pub lease_ttl: Duration,
     /// The longest wait for another worker's compile (about 1.5x a compile).
     pub wait: Duration,
+    /// Store options applied over the environment's (`aws_endpoint`, …):
+    /// for callers that configure a remote in code rather than by `AWS_*`.
+    pub options: Vec<(String, String)>,
 }
 
 fn env_number(name: &str) -> Result<Option<f64>> {
@@ -65,6 +68,7 @@ impl RemoteConfig {
             min_rate: 4 << 20,
             lease_ttl: Duration::from_secs(60),
             wait: Duration::from_secs(900),
+            options: Vec::new(),
         })
     }
 

@@ -137,10 +137,11 @@ async fn fetch_chunk(
 ) -> Result<Bytes, StreamFailure> {
     let got = tokio::time::timeout(limit, async {
         let r = store.get(&path).await?;
-        r.bytes().await
+        let stored = r.meta.size;
+        r.bytes().await.map(|b| (stored, b))
     })
     .await;
-    let bytes = match got {
+    let (stored, bytes) = match got {
         Err(_) => {
             return Err(StreamFailure::Transport(format!(
                 "chunk {} took longer than {:.1} s",
@@ -156,6 +157,14 @@ async fn fetch_chunk(
         }
         Ok(Ok(b)) => b,
     };
+    if stored != chunk.len {
+        // The server states another length for a content-addressed name.
+        return Err(StreamFailure::Bad(format!(
+            "chunk {} is stored with {stored} bytes, the manifest says {}",
+            chunk.digest.to_hex(),
+            chunk.len
+        )));
+    }
     if bytes.len() as u64 != chunk.len {
         // A short body with a 200 is a transport fault (truncation), not proof.
         return Err(StreamFailure::Transport(format!(
