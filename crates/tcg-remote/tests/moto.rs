@@ -356,7 +356,8 @@ fn corrupted_missing_and_hostile_records_are_misses() {
 
     // A corrupted chunk (same length): proof, reported.
     let mut bad = good.to_vec();
-    bad[bad.len() / 2] ^= 0xff;
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0xff;
     c.put(&chunk, Bytes::from(bad), object_store::PutMode::Overwrite)
         .unwrap();
     let b = engine(&d.path().join("b"), &r);
