@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -222,8 +223,8 @@ class FaultProxy:
 class _BrokenS3(BaseHTTPRequestHandler):
     """Path-style S3 with a non-atomic conditional create: check, pause, then write."""
 
-    objects: dict[str, tuple[bytes, str, float]] = {}
-    lock = threading.Lock()
+    objects: ClassVar[dict[str, tuple[bytes, str, float]]] = {}
+    lock: ClassVar[threading.Lock] = threading.Lock()
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: object) -> None:
@@ -239,7 +240,7 @@ class _BrokenS3(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _meta(self, key: str) -> dict[str, str]:
-        body, etag, mtime = self.objects[key]
+        _body, etag, mtime = self.objects[key]
         return {"ETag": etag, "Last-Modified": formatdate(mtime, usegmt=True)}
 
     def do_PUT(self) -> None:

@@ -114,7 +114,17 @@ def test_resolve_cli_with_remote_and_pull_prefetch(fleet: str, tmp_path: Path) -
     assert engine(tmp_path / "c", None).resolve(REFERENCE_KEY, tmp_path / "g") is not None
     miss = cli("pull", "--cas-root", store, "--remote", fleet, OTHER_KEY, env={})
     assert miss.returncode == 1
-    out = cli("resolve", "--cas-root", str(tmp_path / "d"), "--remote", fleet, "--json", REFERENCE_KEY, str(tmp_path / "gd"), env={})
+    out = cli(
+        "resolve",
+        "--cas-root",
+        str(tmp_path / "d"),
+        "--remote",
+        fleet,
+        "--json",
+        REFERENCE_KEY,
+        str(tmp_path / "gd"),
+        env={},
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["source"] == "remote"
 
@@ -178,7 +188,9 @@ def test_faults_are_misses_never_served_never_errors(
         proxy.close()
 
 
-def test_an_unreachable_remote_is_a_miss_and_a_local_hit_never_contacts_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_remote_is_a_miss_and_a_local_hit_never_contacts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     dead = free_port()
     monkeypatch.setenv("AWS_ENDPOINT", f"http://127.0.0.1:{dead}")
     monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
@@ -238,7 +250,9 @@ def test_fleet_ls_fsck_gc_repair_and_prometheus_stats(fleet: str, moto: Moto, tm
     assert engine(tmp_path / "b", fleet).resolve(REFERENCE_KEY, tmp_path / "g") is None
     fsck = cli("fleet", "fsck", "--remote", fleet, "--json", env={})
     assert fsck.returncode == 1 and json.loads(fsck.stdout)["bad"]
-    repair = cli("fleet", "repair", "--cas-root", str(tmp_path / "a"), "--remote", fleet, "--json", REFERENCE_KEY, env={})
+    repair = cli(
+        "fleet", "repair", "--cas-root", str(tmp_path / "a"), "--remote", fleet, "--json", REFERENCE_KEY, env={}
+    )
     assert repair.returncode == 0, repair.stderr
     assert json.loads(repair.stdout)["outcome"] == "REPAIRED"
     found = engine(tmp_path / "c", fleet).resolve(REFERENCE_KEY, tmp_path / "g3")
@@ -270,7 +284,8 @@ def recipe():
     compiled.append(1)
     return spec
 r = Engine(sys.argv[1], remote=sys.argv[2]).ensure(key, sys.argv[3], target="cpu", toolchain=toolchain, recipe=recipe)
-print(json.dumps({{"key": key, "outcome": getattr(r.outcome, "name", str(r.outcome)), "source": r.source, "compiled": len(compiled)}}))
+outcome = getattr(r.outcome, "name", str(r.outcome))
+print(json.dumps({{"key": key, "outcome": outcome, "source": r.source, "compiled": len(compiled)}}))
 """
 
 

@@ -208,9 +208,7 @@ class StoredCompiledGraph(_Record):
     #: from the fleet remote and verified) or ``"compiled"`` (minted by this call).
     source: str
 
-    def __init__(
-        self, key: str, path: StrPath, metadata: dict[str, Any], manifest: str, source: str = "local"
-    ) -> None:
+    def __init__(self, key: str, path: StrPath, metadata: dict[str, Any], manifest: str, source: str = "local") -> None:
         self._set(key=key, _path=os.fspath(path), metadata=metadata, manifest=manifest, source=source)
 
     def __repr__(self) -> str:
