@@ -67,6 +67,10 @@ fn moto() -> &'static Mutex<Moto> {
         std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
         std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
         std::env::set_var("AWS_REGION", "us-east-1");
+        // The doctor's verdict cache, private to this test process (set once:
+        // the environment is shared by the tests' threads).
+        let cache = std::env::temp_dir().join(format!("tcg-remote-tests-{}", std::process::id()));
+        std::env::set_var("XDG_CACHE_HOME", &cache);
         Mutex::new(Moto { child, port })
     })
 }
@@ -438,7 +442,6 @@ fn a_local_hit_never_builds_the_client_and_an_unreachable_remote_is_a_miss() {
 #[test]
 fn fleet_doctor_qualifies_moto_and_ls_fsck_gc_see_the_records() {
     let d = tempfile::tempdir().unwrap();
-    std::env::set_var("XDG_CACHE_HOME", d.path().join("cache"));
     let r = remote(&bucket());
     let v = tcg_remote::doctor::run(&r).unwrap();
     assert!(v.qualified(), "{v:?}");
@@ -461,4 +464,20 @@ fn fleet_doctor_qualifies_moto_and_ls_fsck_gc_see_the_records() {
     assert_eq!(swept.as_object().unwrap()["freed_objects"], tcg_cj::Value::Int(1));
     let (_, clean) = tcg_remote::ops::fsck(&r, true).unwrap();
     assert!(clean);
+}
+
+#[test]
+fn a_remote_the_doctor_failed_is_used_without_single_flight() {
+    let url = bucket();
+    let r = remote(&url);
+    assert!(matches!(r.begin_flight(KEY), Flight::Lead(_)));
+    // What `fleet doctor` caches for a store whose race let two racers win.
+    let dir = PathBuf::from(std::env::var_os("XDG_CACHE_HOME").unwrap())
+        .join("torch-compiled-graphs/fleet-doctor");
+    std::fs::create_dir_all(&dir).unwrap();
+    use sha2::Digest as _;
+    let name = hex::encode(sha2::Sha256::digest(url.as_bytes()));
+    std::fs::write(dir.join(format!("{name}.json")), br#"{"qualified":false}"#).unwrap();
+    assert_eq!(tcg_remote::doctor::cached_verdict(&url), Some(false));
+    assert!(matches!(remote(&url).begin_flight(KEY), Flight::Solo));
 }
