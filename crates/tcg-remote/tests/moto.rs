@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{counting_mint, other_key_envelope, reference, reference_mint, KEY};
 use tcg_cas::{Digest, Manifest};
-use tcg_core::engine::{Engine, EnsureOutcome, Flight, Request, RemoteTier, Source, StoreOutcome};
+use tcg_core::engine::{Engine, EnsureOutcome, Flight, RemoteTier, Request, Source, StoreOutcome};
 use tcg_remote::publish::create_ref;
 use tcg_remote::{Fail, RefRecord, Remote, RemoteConfig};
 
@@ -150,7 +150,11 @@ fn a_published_graph_is_fetched_verified_and_then_served_locally() {
     assert_eq!(got.source, Source::Remote);
     assert_eq!(stat(&b, "remote_hits"), 1);
     // The same manifest on both tiers: chunks are the local store's.
-    let a_m = a.resolve(KEY, &d.path().join("ga")).unwrap().unwrap().manifest;
+    let a_m = a
+        .resolve(KEY, &d.path().join("ga"))
+        .unwrap()
+        .unwrap()
+        .manifest;
     assert_eq!(got.manifest, a_m);
     let again = b.resolve(KEY, &d.path().join("g2")).unwrap().unwrap();
     assert_eq!(again.source, Source::Local);
@@ -164,10 +168,17 @@ fn the_layout_and_the_ref_record_are_wire_identity() {
     let url = bucket();
     let r = remote(&url);
     let a = published(d.path(), &r);
-    let m = a.resolve(KEY, &d.path().join("g")).unwrap().unwrap().manifest;
+    let m = a
+        .resolve(KEY, &d.path().join("g"))
+        .unwrap()
+        .unwrap()
+        .manifest;
     let c = r.client().unwrap();
     let l = r.layout();
-    assert_eq!(l.graph_ref(KEY).to_string(), format!("fleet/tcg/v1/refs/{KEY}"));
+    assert_eq!(
+        l.graph_ref(KEY).to_string(),
+        format!("fleet/tcg/v1/refs/{KEY}")
+    );
     assert_eq!(
         l.manifest(&Digest::from_hex(&m).unwrap()).to_string(),
         format!("fleet/tcg/v1/manifests/sha256/{m}")
@@ -175,7 +186,10 @@ fn the_layout_and_the_ref_record_are_wire_identity() {
     let (bytes, _) = c.get_small(&l.graph_ref(KEY), 4096).unwrap();
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     assert!(
-        text.starts_with(r#"{"created":"#) && text.contains(&format!(r#""format":1,"key":"{KEY}","manifest":"sha256:{m}","producer":"#)),
+        text.starts_with(r#"{"created":"#)
+            && text.contains(&format!(
+                r#""format":1,"key":"{KEY}","manifest":"sha256:{m}","producer":"#
+            )),
         "{text}"
     );
     let (mbytes, _) = c
@@ -221,7 +235,9 @@ fn ensure_publishes_a_mint_and_another_store_reuses_it_without_minting() {
     let work = d.path().join("work-a");
     std::fs::create_dir_all(&work).unwrap();
     let mut mint = counting_mint(&calls, &work);
-    let first = a.ensure(KEY, &d.path().join("ga"), &request(), &mut mint).unwrap();
+    let first = a
+        .ensure(KEY, &d.path().join("ga"), &request(), &mut mint)
+        .unwrap();
     assert_eq!(first.outcome, EnsureOutcome::Minted);
     assert_eq!(first.resolved.source, Source::Compiled);
     assert_eq!(
@@ -234,7 +250,9 @@ fn ensure_publishes_a_mint_and_another_store_reuses_it_without_minting() {
     let work_b = d.path().join("work-b");
     std::fs::create_dir_all(&work_b).unwrap();
     let mut mint_b = counting_mint(&calls_b, &work_b);
-    let second = b.ensure(KEY, &d.path().join("gb"), &request(), &mut mint_b).unwrap();
+    let second = b
+        .ensure(KEY, &d.path().join("gb"), &request(), &mut mint_b)
+        .unwrap();
     assert_eq!(second.outcome, EnsureOutcome::Reused);
     assert_eq!(second.resolved.source, Source::Remote);
     assert_eq!(calls_b.get(), 0);
@@ -295,7 +313,10 @@ fn a_live_lease_is_followed_and_an_expired_one_is_taken_over() {
     assert!(matches!(two.begin_flight(KEY), Flight::Follow));
     drop(lead);
     let c = one.client().unwrap();
-    assert!(matches!(c.head(&one.layout().lease(KEY)), Err(Fail::NotFound)));
+    assert!(matches!(
+        c.head(&one.layout().lease(KEY)),
+        Err(Fail::NotFound)
+    ));
     // A crashed holder's lease (never renewed) expires by the server's clock.
     let stale = tcg_remote::LeaseRecord {
         holder: "0".repeat(32),
@@ -325,8 +346,13 @@ fn a_ref_pointing_at_another_keys_artifact_is_never_served_and_is_reported() {
     let a = engine(&d.path().join("a"), &r);
     let (other, envelope) = other_key_envelope(d.path(), "9.9.9");
     a.import_artifact(&other, &envelope).unwrap();
-    tcg_remote::ops::push(&a, &r, &[other.clone()], &mut |_, _| {}).unwrap();
-    let m = a.store().get_ref(&tcg_core::engine::graph_ref(&other)).unwrap().unwrap().digest;
+    tcg_remote::ops::push(&a, &r, std::slice::from_ref(&other), &mut |_, _| {}).unwrap();
+    let m = a
+        .store()
+        .get_ref(&tcg_core::engine::graph_ref(&other))
+        .unwrap()
+        .unwrap()
+        .digest;
     let c = r.client().unwrap();
     let forged = RefRecord {
         key: KEY.into(),
@@ -341,7 +367,11 @@ fn a_ref_pointing_at_another_keys_artifact_is_never_served_and_is_reported() {
     assert!(!d.path().join("g").exists());
     assert_eq!(stat(&b, "remote_reports"), 1);
     assert_eq!(reports(&r), 1);
-    assert!(b.store().get_ref(&tcg_core::engine::graph_ref(KEY)).unwrap().is_none());
+    assert!(b
+        .store()
+        .get_ref(&tcg_core::engine::graph_ref(KEY))
+        .unwrap()
+        .is_none());
 }
 
 #[test]
@@ -383,8 +413,12 @@ fn corrupted_missing_and_hostile_records_are_misses() {
         "a".repeat(64)
     );
     let hm = Digest::of(huge.as_bytes());
-    c.put(&l.manifest(&hm), Bytes::from(huge), object_store::PutMode::Overwrite)
-        .unwrap();
+    c.put(
+        &l.manifest(&hm),
+        Bytes::from(huge),
+        object_store::PutMode::Overwrite,
+    )
+    .unwrap();
     let key2 = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004ba1cd3631";
     let forged = RefRecord {
         key: key2.into(),
@@ -433,7 +467,9 @@ fn a_local_hit_never_builds_the_client_and_an_unreachable_remote_is_a_miss() {
     std::fs::create_dir_all(&work).unwrap();
     let mut mint = counting_mint(&calls, &work);
     let e2 = engine(&d.path().join("s2"), &dead());
-    let out = e2.ensure(KEY, &d.path().join("g3"), &request(), &mut mint).unwrap();
+    let out = e2
+        .ensure(KEY, &d.path().join("g3"), &request(), &mut mint)
+        .unwrap();
     assert_eq!(out.outcome, EnsureOutcome::Minted);
     assert_eq!(calls.get(), 1);
     assert!(out.remote_publication.is_none());
@@ -446,7 +482,10 @@ fn fleet_doctor_qualifies_moto_and_ls_fsck_gc_see_the_records() {
     let v = tcg_remote::doctor::run(&r).unwrap();
     assert!(v.qualified(), "{v:?}");
     assert_eq!(v.race_winners, 1);
-    assert_eq!(tcg_remote::doctor::cached_verdict(&r.config().url), Some(true));
+    assert_eq!(
+        tcg_remote::doctor::cached_verdict(&r.config().url),
+        Some(true)
+    );
     published(d.path(), &r);
     let ls = tcg_remote::ops::ls(&r).unwrap();
     assert_eq!(ls.as_array().unwrap().len(), 1);
@@ -455,13 +494,23 @@ fn fleet_doctor_qualifies_moto_and_ls_fsck_gc_see_the_records() {
     // An orphan chunk older than the grace is swept; reachable ones stay.
     let c = r.client().unwrap();
     let orphan = r.layout().chunk(&Digest::of(b"orphan"));
-    c.put(&orphan, Bytes::from_static(b"orphan"), object_store::PutMode::Overwrite)
-        .unwrap();
+    c.put(
+        &orphan,
+        Bytes::from_static(b"orphan"),
+        object_store::PutMode::Overwrite,
+    )
+    .unwrap();
     let kept = tcg_remote::ops::gc(&r, Duration::from_secs(3600), &mut |_, _| {}).unwrap();
-    assert_eq!(kept.as_object().unwrap()["freed_objects"], tcg_cj::Value::Int(0));
+    assert_eq!(
+        kept.as_object().unwrap()["freed_objects"],
+        tcg_cj::Value::Int(0)
+    );
     std::thread::sleep(Duration::from_millis(2100));
     let swept = tcg_remote::ops::gc(&r, Duration::from_secs(1), &mut |_, _| {}).unwrap();
-    assert_eq!(swept.as_object().unwrap()["freed_objects"], tcg_cj::Value::Int(1));
+    assert_eq!(
+        swept.as_object().unwrap()["freed_objects"],
+        tcg_cj::Value::Int(1)
+    );
     let (_, clean) = tcg_remote::ops::fsck(&r, true).unwrap();
     assert!(clean);
 }

@@ -54,7 +54,10 @@ fn the_lease_record_has_pinned_bytes() {
     };
     assert_eq!(
         String::from_utf8(l.to_bytes()).unwrap(),
-        format!(r#"{{"format":1,"holder":"{}","host":"h","ttl_s":60}}"#, "ab".repeat(16))
+        format!(
+            r#"{{"format":1,"holder":"{}","host":"h","ttl_s":60}}"#,
+            "ab".repeat(16)
+        )
     );
     assert_eq!(LeaseRecord::parse(&l.to_bytes()), Some(l));
     assert_eq!(LeaseRecord::parse(b"{}"), None);
@@ -64,8 +67,14 @@ fn the_lease_record_has_pinned_bytes() {
 fn layout_names_follow_the_prefix() {
     let d = Digest::of(b"x");
     let h = d.to_hex();
-    assert_eq!(Layout::new("").graph_ref(KEY).to_string(), format!("tcg/v1/refs/{KEY}"));
-    assert_eq!(Layout::new("/a/b/").lease(KEY).to_string(), format!("a/b/tcg/v1/leases/{KEY}"));
+    assert_eq!(
+        Layout::new("").graph_ref(KEY).to_string(),
+        format!("tcg/v1/refs/{KEY}")
+    );
+    assert_eq!(
+        Layout::new("/a/b/").lease(KEY).to_string(),
+        format!("a/b/tcg/v1/leases/{KEY}")
+    );
     assert_eq!(
         Layout::new("p").chunk(&d).to_string(),
         format!("p/tcg/v1/chunks/sha256/{}/{h}", &h[..2])
@@ -84,5 +93,8 @@ fn config_urls_and_bounds_are_checked() {
         assert_eq!(e.code().as_str(), "remote.config_invalid", "{bad}");
     }
     let c = RemoteConfig::new("s3://b").unwrap();
-    assert_eq!(c.data_timeout(4 << 20), c.timeout + std::time::Duration::from_secs(1));
+    assert_eq!(
+        c.data_timeout(4 << 20),
+        c.timeout + std::time::Duration::from_secs(1)
+    );
 }
