@@ -1,6 +1,7 @@
 """The CUDA end-to-end suite and benchmark, in one command, for a machine with a GPU.
 
     python3 scripts/cuda_e2e.py --wheel dist/torch_compiled_graphs-*.whl --out OUT [--no-bench] [--no-tests]
+        [--serve-bin target/release/examples/serve]
 
 1. Installs the wheel (no dependencies, no index) into a private directory;
    torch, safetensors and pytest come from the interpreter running this script.
@@ -11,8 +12,11 @@
    MLP 4096, sequence 256, dynamic batch), each figure in fresh processes:
    mint time (against a plain AOTInductor compile and package of the same
    program, cold caches for both), resolve time (against ``python -c pass``)
-   and time to first inference against ``torch.compile`` with a warm inductor
-   cache and ``torch._inductor.aoti_load_package``.
+   and time to first inference of (a) the torch-free ``load_native`` on the GPU,
+   (b) the torch-based ``load``, (c) ``torch.compile`` with a warm inductor
+   cache and (d) ``torch._inductor.aoti_load_package``, plus the steady-state
+   latency of one call of (a) and (b), and of the Rust ``serve`` example when
+   ``--serve-bin`` names it (which the tests run too).
 4. Writes everything to ``OUT/cuda-e2e.json`` and prints a summary.
 
 On the device machine of this project (see docs/cuda.md), with the wheel
@@ -108,6 +112,63 @@ print(json.dumps({"ttfi_s": time.perf_counter() - t0, "finite": bool(torch.isfin
 """
 )
 
+NATIVE_CHILD = (
+    COMMON
+    + """
+from torch_compiled_graphs import Engine
+from torch_compiled_graphs.native import from_buffer
+graph = Engine(os.path.join(work, "store")).resolve(sys.argv[3], os.path.join(work, "r", str(os.getpid())))
+native = graph.load_native(os.path.join(work, "weights.safetensors"), device="cuda:0")
+with open(os.path.join(work, "x.bf16"), "rb") as f:
+    x = from_buffer(f.read(), "bfloat16", [CFG["batch"] - 1, CFG["seq"], CFG["dim"]], device="cuda:0")
+y = native(x).cpu()  # waits for the graph
+import numpy as np
+bits = np.asarray(y).view(np.uint16)
+finite = bool(((bits & 0x7F80) != 0x7F80).all())
+assert "torch" not in sys.modules
+out = {"ttfi_s": time.perf_counter() - t0, "finite": finite}
+if mode == "latency-native":
+    for _ in range(20):
+        native(x)
+    native.synchronize()
+    lat = []
+    for _ in range(200):
+        t = time.perf_counter()
+        native(x)
+        native.synchronize()
+        lat.append(time.perf_counter() - t)
+    lat.sort()
+    out["call_median_s"] = lat[len(lat) // 2]
+print(json.dumps(out))
+"""
+)
+
+LATENCY_TORCH_CHILD = (
+    COMMON
+    + """
+from torch_compiled_graphs import Engine
+graph = Engine(os.path.join(work, "store")).resolve(sys.argv[3], os.path.join(work, "r", str(os.getpid())))
+import torch
+from safetensors.torch import load_file
+run = graph.load(load_file(os.path.join(work, "weights.safetensors"), device="cuda"))
+with open(os.path.join(work, "x.bf16"), "rb") as f:
+    raw = bytearray(f.read())
+x = torch.frombuffer(raw, dtype=torch.bfloat16).reshape(CFG["batch"] - 1, CFG["seq"], CFG["dim"]).cuda()
+with torch.no_grad():
+    for _ in range(20):
+        run(x)
+    torch.cuda.synchronize()
+    lat = []
+    for _ in range(200):
+        t = time.perf_counter()
+        run(x)
+        torch.cuda.synchronize()
+        lat.append(time.perf_counter() - t)
+lat.sort()
+print(json.dumps({"call_median_s": lat[len(lat) // 2]}))
+"""
+)
+
 RESOLVE_CHILD = """
 import sys, time
 t0 = time.perf_counter()
@@ -127,12 +188,16 @@ def install(wheel: str, target: Path) -> None:
 
 #: The C++ compiler inductor runs in every child (``--cxx``).
 CXX: list[str] = []
+#: The Rust ``serve`` example binary (``--serve-bin``), for the tests and the benchmark.
+SERVE_BIN: list[str] = []
 
 
 def child_env(site: Path, cache: Path | None = None) -> dict[str, str]:
     env = dict(CHILD_ENV)
     if CXX:
         env["CXX"] = CXX[0]
+    if SERVE_BIN:
+        env["TCG_SERVE_BIN"] = SERVE_BIN[0]
     env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
     if cache is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
@@ -174,31 +239,33 @@ def run_tests(site: Path, out: Path) -> dict[str, object]:
     return {"returncode": proc.returncode, "seconds": time.perf_counter() - t, **counts}
 
 
-def bench(site: Path, work: Path, repeat: int, result: dict[str, object], save: Callable[[], None]) -> None:
+def bench(
+    site: Path, work: Path, repeat: int, result: dict[str, object], save: Callable[[], None], *, native_only: bool
+) -> None:
     """Fill ``result`` stage by stage, calling ``save`` after each (a partial run still reports)."""
     import torch
     from safetensors.torch import save_file
 
     sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(site))  # the installed wheel, for the Rust example's reference output
     import demo
 
     torch.manual_seed(0)
     model = demo.build_model(MEDIUM["dim"], MEDIUM["heads"], MEDIUM["hidden"])
     state = model.state_dict()  # type: ignore[attr-defined]
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, work / "weights.safetensors")
+    x = torch.randn(MEDIUM["batch"] - 1, MEDIUM["seq"], MEDIUM["dim"], dtype=torch.bfloat16)
+    (work / "x.bf16").write_bytes(x.view(torch.int16).numpy().tobytes())
     mint_code, ttfi_code = MINT_CHILD, TTFI_CHILD
     result["model"] = {"kind": "transformer block, bf16", **MEDIUM}
 
     mint = run_json(mint_code, ["mint", str(work)], child_env(site, work / "cache-mint"))
-    plain = run_json(mint_code, ["plain", str(work)], child_env(site, work / "cache-plain"))
     key = str(mint["key"])
-    result["mint"] = {
-        "outcome": mint["outcome"],
-        "mint_s": mint["compile_s"],
-        "plain_aoti_compile_and_package_s": plain["compile_s"],
-        "mint_over_plain": float(mint["compile_s"]) / float(plain["compile_s"]),  # type: ignore[arg-type]
-        "key": key,
-    }
+    result["mint"] = {"outcome": mint["outcome"], "mint_s": mint["compile_s"], "key": key}
+    if not native_only:
+        plain = run_json(mint_code, ["plain", str(work)], child_env(site, work / "cache-plain"))
+        result["mint"]["plain_aoti_compile_and_package_s"] = plain["compile_s"]  # type: ignore[index]
+        result["mint"]["mint_over_plain"] = float(mint["compile_s"]) / float(plain["compile_s"])  # type: ignore[index, arg-type]
     save()
 
     resolve: list[float] = []
@@ -222,26 +289,97 @@ def bench(site: Path, work: Path, repeat: int, result: dict[str, object], save: 
     }
     save()
 
-    run_json(ttfi_code, ["compile-warm", str(work), key], child_env(site, work / "cache-warm"))  # warm it
-    samples: dict[str, list[float]] = {"compile-warm": [], "aoti-load-package": [], "resolve-load": []}
+    # The torch-free path first: a failure there is recorded and the other figures still run.
+    try:
+        lat = run_json(NATIVE_CHILD, ["latency-native", str(work), key], child_env(site, work / "cache-native"))
+        lat_torch = run_json(LATENCY_TORCH_CHILD, ["latency", str(work), key], child_env(site, work / "cache-ours"))
+        result["latency"] = {
+            "load_native_call_median_s": lat["call_median_s"],
+            "load_call_median_s": lat_torch["call_median_s"],
+            "note": "one call of the bf16 block at batch 3, each followed by a device synchronisation; median of 200",
+        }
+    except Exception as exc:
+        result["latency_error"] = f"{type(exc).__name__}: {exc}"
+    save()
+    if SERVE_BIN:
+        result["rust_serve"] = rust_serve(work, key)
+        save()
+
+    if not native_only:
+        run_json(ttfi_code, ["compile-warm", str(work), key], child_env(site, work / "cache-warm"))  # warm it
+    samples: dict[str, list[float]] = {
+        "load-native": [],
+        "compile-warm": [],
+        "aoti-load-package": [],
+        "resolve-load": [],
+    }
     for _ in range(repeat):
         for mode, cache in (
+            ("load-native", "cache-native"),
             ("compile-warm", "cache-warm"),
             ("aoti-load-package", "cache-aoti"),
             ("resolve-load", "cache-ours"),
         ):
-            got = run_json(ttfi_code, [mode, str(work), key], child_env(site, work / cache))
+            if native_only and mode in ("compile-warm", "aoti-load-package"):
+                continue
+            code = NATIVE_CHILD if mode == "load-native" else ttfi_code
+            try:
+                got = run_json(code, [mode, str(work), key], child_env(site, work / cache))
+            except RuntimeError as exc:
+                if mode != "load-native":
+                    raise
+                result["load_native_error"] = str(exc)[-4000:]
+                continue
             assert got["finite"], mode
             samples[mode].append(float(got["wall_s"]))  # type: ignore[arg-type]
         result["ttfi_samples_s"] = samples
         save()
-    med = {m: statistics.median(v) for m, v in samples.items()}
-    result["ttfi"] = {
-        "median_wall_s": med,
-        "samples_s": samples,
-        "compile_warm_over_ours": med["compile-warm"] / med["resolve-load"],
-        "aoti_load_package_over_ours": med["aoti-load-package"] / med["resolve-load"],
-    }
+    med = {m: statistics.median(v) for m, v in samples.items() if v}
+    ttfi: dict[str, object] = {"median_wall_s": med, "samples_s": samples}
+    for slow in ("compile-warm", "aoti-load-package"):
+        for fast in ("resolve-load", "load-native"):
+            if slow in med and fast in med:
+                ttfi[f"{slow}_over_{fast}"] = med[slow] / med[fast]
+    if "resolve-load" in med and "load-native" in med:
+        ttfi["resolve-load_over_load-native"] = med["resolve-load"] / med["load-native"]
+    result["ttfi"] = ttfi
+
+
+def rust_serve(work: Path, key: str) -> dict[str, object]:
+    """The Rust ``serve`` example on the GPU: whole-process TTFI (3 fresh processes)
+    and its call latency; expected output computed here by the torch-based load."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from torch_compiled_graphs import Engine
+    from torch_compiled_graphs.native import find_torch_lib
+
+    try:
+        graph = Engine(work / "store").resolve(key, work / "serve-ref")
+        assert graph is not None
+        run = graph.load(load_file(str(work / "weights.safetensors"), device="cuda"))
+        raw = bytearray((work / "x.bf16").read_bytes())
+        shape = (MEDIUM["batch"] - 1, MEDIUM["seq"], MEDIUM["dim"])
+        x = torch.frombuffer(raw, dtype=torch.bfloat16).reshape(shape)
+        with torch.no_grad():
+            y = run(x.cuda()).cpu()
+        save_file({"x": x, "y": y}, str(work / "serve-io.safetensors"))
+        walls: list[float] = []
+        reports: list[object] = []
+        for i in range(3):
+            argv = [SERVE_BIN[0], "--store", str(work / "store"), "--key", key, "--dest", str(work / f"serve-{i}")]
+            argv += ["--torch-lib", find_torch_lib(), "--weights", str(work / "weights.safetensors")]
+            argv += ["--io", str(work / "serve-io.safetensors"), "--in", "x", "--out", "y", "--device", "cuda:0"]
+            argv += ["--repeat", "200" if i == 0 else "0", "--rtol", "2e-2", "--atol", "2e-2"]
+            t = time.perf_counter()
+            proc = subprocess.run(argv, capture_output=True, text=True)
+            walls.append(time.perf_counter() - t)
+            if proc.returncode != 0:
+                return {"error": proc.stdout[-2000:] + proc.stderr[-2000:]}
+            reports.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        return {"wall_s": walls, "median_wall_s": statistics.median(walls), "reports": reports}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def main() -> None:
@@ -251,6 +389,12 @@ def main() -> None:
     parser.add_argument("--no-tests", action="store_true")
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--serve-bin", help="the Rust serve example (cargo build --release --example serve)")
+    parser.add_argument(
+        "--native-only",
+        action="store_true",
+        help="benchmark only our two loads (no plain compile, warm torch.compile or aoti_load_package)",
+    )
     parser.add_argument(
         "--cxx",
         default="/usr/bin/g++",
@@ -259,6 +403,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.cxx:
         CXX.append(args.cxx)
+    if args.serve_bin:
+        SERVE_BIN.append(os.path.abspath(args.serve_bin))
     wheels = sorted(glob.glob(args.wheel))
     if len(wheels) != 1:
         raise SystemExit(f"--wheel must name exactly one wheel, found {wheels}")
@@ -290,7 +436,7 @@ def main() -> None:
             work.mkdir()
             report["bench"] = {}
             try:
-                bench(site, work, args.repeat, report["bench"], save)  # type: ignore[arg-type]
+                bench(site, work, args.repeat, report["bench"], save, native_only=args.native_only)  # type: ignore[arg-type]
             except Exception as exc:  # recorded, and the run fails below
                 report["bench_error"] = f"{type(exc).__name__}: {exc}"
     save()

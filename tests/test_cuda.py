@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from torch_compiled_graphs import Engine, EnsureOutcome, GraphClassSpec, RuntimeCompatibility, record_toolchain
 from torch_compiled_graphs import artifact as art
@@ -303,3 +304,201 @@ def test_a_graph_spanning_two_devices_declares_its_placement() -> None:
     program = torch.export.export(TwoDevices(), (x,))
     declaration = GraphClassSpec("cuda/two", "cuda-tests", program).declare()
     assert list(declaration.placement) == ["cpu", "cuda:0"]
+
+
+# ----------------------------------------------------------------- the torch-free path on the GPU
+
+
+def save_weights(net: torch.nn.Module, path: Path) -> Path:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}, path)
+    return path
+
+
+def dev() -> str:
+    return f"cuda:{torch.cuda.current_device()}"
+
+
+@pytest.mark.real_aoti
+def test_load_native_runs_on_the_gpu_with_dlpack_in_and_out(minted: dict[str, Any], tmp_path: Path) -> None:
+    import numpy as np
+
+    from torch_compiled_graphs.native import from_buffer
+
+    net, graph = minted["net"], minted["result"].graph
+    native = graph.load_native(save_weights(net, tmp_path / "w.safetensors"), device=dev())
+    assert native.device == dev() and native.stream == 0
+    x = torch.randn(7, 64, device="cuda")
+    with torch.no_grad():
+        expected = net(x)
+    out = native(x)  # a CUDA torch tensor in through DLPack
+    assert (out.device, out.dtype, out.shape) == (dev(), "float32", (7, 64))
+    assert out.__dlpack_device__() == (2, torch.cuda.current_device())
+    y = from_dlpack(out)  # zero-copy out: two imports alias the output's one buffer
+    assert y.device == x.device and y.data_ptr() == from_dlpack(out).data_ptr()
+    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+    # Versioned capsules too, and the exported tensor outlives the output object.
+    z = from_dlpack(out.__dlpack__(max_version=(1, 0)))
+    del out
+    torch.testing.assert_close(z, expected, rtol=1e-4, atol=1e-4)
+    # Host inputs (numpy, a CPU torch tensor) are copied to the GPU; host outputs come back by cpu().
+    host = x.cpu().numpy()
+    got = native(host)
+    assert got.device == dev()
+    np.testing.assert_allclose(np.asarray(got.cpu()), expected.cpu().numpy(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(from_dlpack(native(x.cpu())), expected, rtol=1e-4, atol=1e-4)
+    # A tensor placed on the GPU once from raw bytes, reused across calls.
+    placed = from_buffer(host, "float32", host.shape, device=dev())
+    assert placed.device == dev()
+    torch.testing.assert_close(from_dlpack(native(placed)), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.real_aoti
+def test_load_native_on_a_side_stream_orders_inputs_and_outputs(minted: dict[str, Any], tmp_path: Path) -> None:
+    net, graph = minted["net"], minted["result"].graph
+    native = graph.load_native(save_weights(net, tmp_path / "w.safetensors"), device=dev())
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    native.stream = side.cuda_stream
+    for _ in range(3):
+        x = torch.randn(64, 64, device="cuda") * 3  # queued on the default stream
+        out = native(x)  # the side stream waits for x (DLPack stream handshake)
+        assert out.stream == side.cuda_stream
+        y = from_dlpack(out)  # the current stream waits for the side stream
+        with torch.no_grad():
+            torch.testing.assert_close(y, net(x), rtol=1e-4, atol=1e-4)
+    native.synchronize()
+    native.stream = 0
+
+
+@pytest.mark.real_aoti
+def test_load_native_rebind_on_the_gpu_and_every_refusal(minted: dict[str, Any], tmp_path: Path) -> None:
+    import copy
+
+    import numpy as np
+    from safetensors.torch import save_file
+
+    from torch_compiled_graphs import StoredCompiledGraph
+
+    net, graph = minted["net"], minted["result"].graph
+    weights = save_weights(net, tmp_path / "w.safetensors")
+    native = graph.load_native(weights, device=dev())
+    x = torch.randn(5, 64, device="cuda")
+    other = Net().cuda().eval()
+    native.rebind(save_weights(other, tmp_path / "other.safetensors"))
+    with torch.no_grad():
+        torch.testing.assert_close(from_dlpack(native(x)), other(x), rtol=1e-4, atol=1e-4)
+    state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+
+    def written(name: str, tensors: dict[str, torch.Tensor]) -> Path:
+        save_file(tensors, tmp_path / name)
+        return tmp_path / name
+
+    def refused(code: str, call: Any, *args: Any, **kwargs: Any) -> None:
+        with pytest.raises(BindingError) as e:
+            call(*args, **kwargs)
+        assert e.value.code == code, e.value
+
+    missing = written("missing.safetensors", {k: v for k, v in state.items() if k != "shift"})
+    extra = written("extra.safetensors", {**state, "extra": torch.zeros(1)})
+    dtype = written("dtype.safetensors", {**state, "shift": state["shift"].half()})
+    shape = written("shape.safetensors", {**state, "shift": torch.zeros(65)})
+    for code, path in [
+        ("run.constant_missing", missing),
+        ("run.constant_unexpected", extra),
+        ("run.constant_mismatch", dtype),
+        ("run.constant_mismatch", shape),
+    ]:
+        refused(code, graph.load_native, path, device=dev())
+        refused(code, native.rebind, path)
+    # The refused rebinds left the other weights in place.
+    with torch.no_grad():
+        torch.testing.assert_close(from_dlpack(native(x)), other(x), rtol=1e-4, atol=1e-4)
+    # Devices: the CPU, a device that does not exist, a capability that is not the artifact's.
+    refused("run.device_mismatch", graph.load_native, weights, device="cpu")
+    refused("run.device_mismatch", graph.load_native, weights, device=f"cuda:{torch.cuda.device_count()}")
+    edited = copy.deepcopy(graph.metadata)
+    edited["sm"] = "sm_80" if device_sm() != "sm_80" else "sm_90"
+    restated = StoredCompiledGraph(graph.key, graph.path, edited, graph.manifest)
+    refused("run.device_mismatch", restated.load_native, weights, device=dev())
+    # Inputs, checked before the graph runs.
+    refused("run.input_mismatch", native, x.double())
+    refused("run.input_mismatch", native, torch.zeros(65, 64, device="cuda"))  # batch is at most 64
+    refused("run.input_mismatch", native, torch.zeros(4, 63, device="cuda"))
+    refused("run.input_layout", native, torch.zeros(64, 4, device="cuda").T)
+    refused("run.input_mismatch", native, np.zeros((4, 64), np.float64))
+    refused("run.call_invalid", native, x, x)
+
+
+NATIVE_REUSE = """
+import json, sys
+import numpy as np
+from torch_compiled_graphs import Engine
+graph = Engine(sys.argv[1]).resolve(sys.argv[2], sys.argv[3])
+native = graph.load_native(sys.argv[4], device="cuda:0")
+x = np.load(sys.argv[5])
+y = np.asarray(native(x).cpu())
+print(json.dumps({"torch_free": "torch" not in sys.modules, "y": y.tolist(), "device": native.device}))
+"""
+
+
+@pytest.mark.real_aoti
+def test_a_fresh_process_runs_the_gpu_graph_without_ever_importing_torch(
+    minted: dict[str, Any], tmp_path: Path
+) -> None:
+    import numpy as np
+
+    net = minted["net"]
+    weights = save_weights(net, tmp_path / "w.safetensors")
+    x = torch.randn(9, 64)
+    np.save(tmp_path / "x.npy", x.numpy())
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(NATIVE_REUSE),
+            str(minted["root"] / "store"),
+            str(minted["key"]),
+            str(tmp_path / "g"),
+            str(weights),
+            str(tmp_path / "x.npy"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert child.returncode == 0, child.stderr
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    assert report["torch_free"] is True and report["device"] == "cuda:0"
+    with torch.no_grad():
+        expected = net(x.cuda()).cpu()
+    torch.testing.assert_close(torch.tensor(report["y"]), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.real_aoti
+def test_the_rust_serve_example_runs_the_gpu_graph(minted: dict[str, Any], tmp_path: Path) -> None:
+    """The Rust serving path on the GPU: ``scripts/cuda_e2e.py`` passes the example
+    binary built on the development machine (``--serve-bin``)."""
+    import os
+
+    from safetensors.torch import save_file
+
+    binary = os.environ.get("TCG_SERVE_BIN")
+    if not binary:
+        pytest.skip("TCG_SERVE_BIN names no serve example binary (cuda_e2e.py --serve-bin sets it)")
+    from torch_compiled_graphs.native import find_torch_lib
+
+    net = minted["net"]
+    weights = save_weights(net, tmp_path / "w.safetensors")
+    x = torch.randn(6, 64)
+    with torch.no_grad():
+        y = net(x.cuda()).cpu()
+    save_file({"x": x, "y": y}, tmp_path / "io.safetensors")
+    base = [binary, "--store", str(minted["root"] / "store"), "--key", str(minted["key"])]
+    base += ["--torch-lib", find_torch_lib(), "--weights", str(weights), "--io", str(tmp_path / "io.safetensors")]
+    flags = ["--dest", str(tmp_path / "d"), "--in", "x", "--out", "y", "--device", "cuda:0", "--repeat", "50"]
+    run = subprocess.run([*base, *flags, "--rtol", "1e-4", "--atol", "1e-4"], capture_output=True, text=True)
+    print("serve example:", run.stdout, run.stderr)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["ok"] is True and report["device"] == "cuda:0" and report["calls"] == 50
+    assert report["torch_check"] == "record digest"

@@ -153,6 +153,32 @@ def test_export_then_import_into_another_store(engine: Engine, tmp_path: Path) -
     assert rows[0]["graph_class"] == "model/mlp"
 
 
+def test_read_only_cli_commands_never_create_a_store(tmp_path: Path) -> None:
+    cli = [sys.executable, "-m", "torch_compiled_graphs.cli"]
+    typo = tmp_path / "stroe"
+    for args in (["ls"], ["stats"], ["fsck"], ["resolve", KEY, str(tmp_path / "out")]):
+        out = subprocess.run([*cli, args[0], "--cas-root", str(typo), *args[1:]], capture_output=True, text=True)
+        assert out.returncode == 2, (args, out.stderr)
+        assert "code: store.not_found" in out.stderr, out.stderr
+        assert "hint:" in out.stderr and str(typo) in out.stderr
+        assert not typo.exists(), args
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_store_another_user_can_write_is_refused_with_its_code(engine: Engine, tmp_path: Path) -> None:
+    import os
+
+    refs = Path(engine.root) / "refs"
+    os.chmod(refs, 0o777)
+    try:
+        with pytest.raises(StorageError) as e:
+            Engine(engine.root).resolve(KEY, tmp_path / "out")
+        assert e.value.code == "store.insecure_permissions"
+        assert "chmod go-w" in str(e.value)
+    finally:
+        os.chmod(refs, 0o700)
+
+
 def test_cli_resolve_exit_codes(engine: Engine, tmp_path: Path) -> None:
     cli = [sys.executable, "-m", "torch_compiled_graphs.cli"]
     hit = subprocess.run(

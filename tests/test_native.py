@@ -229,9 +229,11 @@ def test_a_package_that_disagrees_with_its_metadata_is_refused(graph: StoredComp
     )
     cuda = copy.deepcopy(graph.metadata)
     cuda["sm"] = "sm_90"
-    refused(
-        "run.native_unsupported", StoredCompiledGraph(graph.key, graph.path, cuda, graph.manifest).load_native, WEIGHTS
-    )
+    # A CUDA artifact runs natively on its GPU only; on the CPU it is refused, whatever the machine.
+    claims_cuda = StoredCompiledGraph(graph.key, graph.path, cuda, graph.manifest)
+    refused("run.device_mismatch", claims_cuda.load_native, WEIGHTS, device="cpu")
+    refused("run.device_mismatch", graph.load_native, WEIGHTS, device="cuda:0")
+    refused("run.device_mismatch", graph.load_native, WEIGHTS, device="tpu")
 
 
 def with_ingress(graph: StoredCompiledGraph, shape: list[Any], symbols: dict[str, list[int]]) -> NativeGraph:

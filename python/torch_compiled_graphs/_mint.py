@@ -27,7 +27,7 @@ def mint_for_engine(
     """Compile the graph class ``recipe()`` describes, for ``key``, into ``workdir``."""
     from .artifact import constant_table
     from .compile import compile_package, literal_tensors
-    from .declaration import GraphClassSpec, tensor_bytes
+    from .declaration import GraphClassSpec, canonical_lines, tensor_bytes
     from .runtime import RuntimeCompatibility
 
     spec = recipe()
@@ -59,4 +59,6 @@ def mint_for_engine(
         "toolchain": runtime.toolchain,
         "host_isa": runtime.host_isa,
         "literals": literals,
+        # Kept beside the artifact so that a later miss can show the first differing lines.
+        "witness_lines": canonical_lines(spec.program),
     }

@@ -1,5 +1,7 @@
 """Type stubs of the native extension ``torch_compiled_graphs._native``."""
 
+import builtins
+from collections.abc import Sequence
 from typing import Any, final
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "PACKAGE_MEMBER",
     "QUARANTINE_REF_PREFIX",
     "TOOLCHAIN_EXCLUDED",
+    "DLPackInput",
     "NativeEngine",
     "NativeModel",
     "NativeStore",
@@ -42,8 +45,11 @@ __all__ = [
     "key_from_metadata",
     "literal_digest",
     "package_constant_table",
+    "render_explanation",
     "split_key",
+    "synchronize",
     "toolchain_axis",
+    "upload",
 ]
 
 COMPILED_GRAPH_FORMAT: int
@@ -103,6 +109,19 @@ class NativeEngine:
     def gc(self, max_bytes: int | None = None) -> dict[str, Any]: ...
     def fsck(self, quarantine: bool = False) -> dict[str, Any]: ...
     def stats(self) -> dict[str, int]: ...
+    def explain(
+        self,
+        declaration: dict[str, Any],
+        sm: str,
+        toolchain: dict[str, object],
+        lines: builtins.list[str] | None = None,
+        limit: int = ...,
+    ) -> dict[str, Any]: ...
+    def explain_stored(self, key: object, limit: int = ...) -> dict[str, Any] | None: ...
+    def explain_keys(self, a: object, b: object) -> dict[str, Any]: ...
+    def explain_class(self, name: str) -> dict[str, Any]: ...
+
+def render_explanation(kind: str, report: dict[str, Any]) -> str: ...
 
 GRAPH_REF_PREFIX: str
 QUARANTINE_REF_PREFIX: str
@@ -137,10 +156,20 @@ def package_constant_table(package: str) -> list[dict[str, Any]]: ...
 @final
 class NativeModel:
     def __new__(
-        cls, torch_lib: str, package: str, entry: str, device: str, constants: list[tuple[str, str, str, list[int]]]
+        cls,
+        torch_lib: str,
+        package: str,
+        entry: str,
+        device: str,
+        sm: str,
+        constants: list[tuple[str, str, str, list[int]]],
     ) -> NativeModel: ...
     def bind(self, weights: str, literals: str | None = None) -> None: ...
-    def run(self, inputs: list[tuple[int, int, str, list[int]]]) -> list[NativeTensor]: ...
+    def run(
+        self, inputs: Sequence[DLPackInput | tuple[int, int, str, list[int]]], stream: int = 0
+    ) -> list[NativeTensor]: ...
+    @property
+    def device(self) -> str: ...
     @property
     def call_spec(self) -> tuple[str, str]: ...
     @property
@@ -163,4 +192,33 @@ class NativeTensor:
     @property
     def strides(self) -> tuple[int, ...]: ...
     @property
+    def device(self) -> str: ...
+    @property
+    def stream(self) -> int: ...
+    def cpu(self) -> NativeTensor: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    @property
     def __array_interface__(self) -> dict[str, Any]: ...
+
+@final
+class DLPackInput:
+    def __new__(cls, capsule: Any) -> DLPackInput: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def device(self) -> str: ...
+
+def upload(
+    torch_lib: str, address: int, nbytes: int, dtype: str, shape: list[int], device: str, stream: int
+) -> NativeTensor: ...
+def synchronize(torch_lib: str, stream: int) -> None: ...

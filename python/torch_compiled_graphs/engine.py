@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from typing import Any, TypeAlias, TypeVar
 
     from .declaration import GraphClassSpec
+    from .explain import Explanation
+    from .identity import GraphClassDeclaration
     from .native import NativeGraph
     from .runner import LoadedGraph
     from .store import LocalCAS
@@ -266,18 +268,24 @@ class StoredCompiledGraph(_Record):
 
         return LoadedGraph(self, weights, device=device)
 
-    def load_native(self, weights: StrPath, *, torch_lib: StrPath | None = None) -> NativeGraph:
+    def load_native(
+        self, weights: StrPath, *, device: str | None = None, torch_lib: StrPath | None = None
+    ) -> NativeGraph:
         """Load this graph without importing torch and bind ``weights`` (a ``.safetensors`` file).
 
-        libtorch's shared libraries are opened from ``torch_lib``, or from the
+        ``device`` is ``"cpu"`` for a CPU artifact and ``"cuda:N"`` for an
+        ``sm_NN`` one (default: ``"cpu"``, or ``"cuda:0"``); the GPU's
+        capability must be the artifact's. libtorch's shared libraries (and
+        ``libtorch_cuda`` for a GPU) are opened from ``torch_lib``, or from the
         installed torch package (found without importing it). Every constant
         is checked by fqn (presence, no extras, dtype, shape) before anything
-        is bound; calls take numpy-compatible arrays and return arrays. CPU
-        graphs only. See docs/run.md.
+        is bound (on a GPU: before anything is copied to it); calls take
+        numpy-compatible or DLPack arrays and return DLPack-exportable
+        tensors. See docs/run.md.
         """
         from .native import NativeGraph
 
-        return NativeGraph(self, weights, torch_lib=torch_lib)
+        return NativeGraph(self, weights, device=device, torch_lib=torch_lib)
 
     @property
     def constants(self) -> list[dict[str, Any]]:
@@ -289,15 +297,19 @@ class EnsureResult(_Record):
     """What :meth:`Engine.ensure` did (:attr:`outcome`) and what it resolved (:attr:`compiled_graph`).
 
     ``publication`` is the :class:`StoreResult` of the mint (``None`` on a
-    hit); ``graph`` is kept as an alias of ``compiled_graph``. ``source`` says
-    where the graph came from; ``remote_publication`` is the fleet remote's
-    verdict on a mint (``{"outcome", "manifest"}``) or ``None``.
+    hit); ``graph`` is kept as an alias of ``compiled_graph``. ``explanation``
+    is set when this call compiled (a miss): whether and how the stored
+    entries of the same graph class differ from the requested key; it is
+    ``None`` on a hit. ``source`` says where the graph came from;
+    ``remote_publication`` is the fleet remote's verdict on a mint
+    (``{"outcome", "manifest"}``) or ``None``.
     """
 
-    __slots__ = ("compiled_graph", "outcome", "publication", "remote_publication")
+    __slots__ = ("compiled_graph", "explanation", "outcome", "publication", "remote_publication")
     outcome: EnsureOutcome
     compiled_graph: StoredCompiledGraph
     publication: StoreResult | None
+    explanation: Explanation | None
     #: The fleet remote's verdict on this mint (``{"outcome", "manifest"}``), or ``None``.
     remote_publication: dict[str, str] | None
 
@@ -306,12 +318,14 @@ class EnsureResult(_Record):
         outcome: EnsureOutcome,
         compiled_graph: StoredCompiledGraph,
         publication: StoreResult | None = None,
+        explanation: Explanation | None = None,
         remote_publication: dict[str, str] | None = None,
     ) -> None:
         self._set(
             outcome=outcome,
             compiled_graph=compiled_graph,
             publication=publication,
+            explanation=explanation,
             remote_publication=remote_publication,
         )
 
@@ -424,12 +438,49 @@ class Engine:
 
             out = self._native.ensure(key, os.fspath(destination), target, dict(toolchain), mint)
         publication = out["publication"]
+        outcome = EnsureOutcome.of(out["outcome"])
+        explanation = None
+        if outcome is EnsureOutcome.MINTED:
+            from .explain import explain_miss
+
+            explanation = explain_miss(self._native, key)
         return EnsureResult(
-            EnsureOutcome.of(out["outcome"]),
+            outcome,
             StoredCompiledGraph._from_native(out["resolved"]),
             None if publication is None else StoreResult._from_native(publication),
+            explanation,
             out.get("remote_publication"),
         )
+
+    def explain(
+        self,
+        what: GraphClassSpec | GraphClassDeclaration,
+        *,
+        target: str,
+        toolchain: Mapping[str, object],
+        limit: int = 3,
+    ) -> Explanation:
+        """Why the key of ``what`` under ``target`` and ``toolchain`` would miss, fact by fact.
+
+        ``what`` is a ``GraphClassSpec`` (its program's canonical lines are
+        compared too) or a ``GraphClassDeclaration`` alone (no torch needed).
+        ``target`` is ``cpu`` (this host's level), ``sm_NN[a]`` or a concrete
+        ``cpu-<level>``; no device is checked and nothing is compiled. The
+        result says whether the key is stored and lists at most ``limit``
+        nearest stored entries of the same graph class name with the axes and
+        facts that differ (docs/keys.md, "Why did it miss?").
+        """
+        from .explain import explain_request
+
+        return explain_request(self._native, what, target, toolchain, limit)
+
+    def explain_keys(self, a: str, b: str) -> dict[str, Any]:
+        """The facts that differ between two stored keys (``a`` in the requested role)."""
+        return dict(self._native.explain_keys(a, b))
+
+    def explain_class(self, graph_class: str) -> dict[str, Any]:
+        """Every stored entry of ``graph_class``, each diffed against the first (key order)."""
+        return dict(self._native.explain_class(graph_class))
 
     def import_artifact(self, key: str, path: StrPath) -> StoreResult:
         """Verify an envelope, admit it on this host and publish it under ``key``."""

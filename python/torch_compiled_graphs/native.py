@@ -3,13 +3,18 @@
 :meth:`StoredCompiledGraph.load_native` loads the package's wrapper ``.so``
 through libtorch's C ABI (``crates/tcg-run``): libtorch's shared libraries are
 opened from the installed torch package, found without importing it, and the
-Python ``torch`` package is never imported. Weights come from a safetensors
-file and are checked constant by constant against the artifact's table before
-anything is bound. Calls take numpy-compatible arrays with the original
-module's ``(args, kwargs)`` convention; each input is checked against what the
-graph was compiled for before the graph runs. Outputs expose
-``__array_interface__``, so ``numpy.asarray(out)`` is a zero-copy view that
-keeps the output alive.
+Python ``torch`` package is never imported. CPU artifacts run on ``"cpu"``,
+``sm_NN`` artifacts on ``"cuda:N"`` (libtorch_cuda and the CUDA runtime are
+opened at run time too, and the device's capability must be the artifact's).
+Weights come from a safetensors file and are checked constant by constant
+against the artifact's table before anything is bound. Calls take arrays with
+the original module's ``(args, kwargs)`` convention: numpy-compatible host
+arrays, or any object with ``__dlpack__`` (torch, CuPy, JAX, ...); host arrays
+are copied to the GPU for a CUDA graph. Each input is checked against what the
+graph was compiled for before the graph runs. Outputs are ``NativeTensor``s:
+``__dlpack__`` exports them without a copy (``numpy.from_dlpack``,
+``torch.from_dlpack``, ``cupy.from_dlpack``), and host ones also expose
+``__array_interface__``, so ``numpy.asarray(out)`` is a zero-copy view.
 
 See docs/run.md for what is checked and what is refused.
 """
@@ -32,7 +37,7 @@ if TYPE_CHECKING:
     # ("leaf",) | ("tuple" | "list", children) | ("dict", keys, children)
     Spec: TypeAlias = tuple[Any, ...]
 
-__all__ = ["NativeGraph", "find_torch_lib"]
+__all__ = ["NativeGraph", "find_torch_lib", "from_buffer"]
 
 # numpy type strings (and buffer-protocol formats) of the dtypes the path passes.
 _TYPESTR = {
@@ -218,8 +223,10 @@ def _describe(value: object) -> str:
 
 
 def _is_array(value: object) -> bool:
-    return hasattr(value, "__array_interface__") or (
-        not isinstance(value, (str, bytes, int, float, bool)) and value is not None and _has_buffer(value)
+    return (
+        hasattr(value, "__array_interface__")
+        or hasattr(value, "__dlpack__")
+        or (not isinstance(value, (str, bytes, int, float, bool)) and value is not None and _has_buffer(value))
     )
 
 
@@ -237,6 +244,21 @@ def _c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
         strides.append(step)
         step *= max(d, 1)
     return tuple(reversed(strides))
+
+
+def _dlpack(path: str, value: Any, stream: int) -> _native.DLPackInput:
+    """Take ``value`` through its ``__dlpack__``; a CUDA producer is asked to order
+    its pending work before ``stream`` (ours: 0 is the legacy default stream, which
+    DLPack spells 1)."""
+    try:
+        kind, _ = value.__dlpack_device__()
+        if int(kind) == 2:  # kDLCUDA
+            capsule = value.__dlpack__(stream=stream or 1)
+        else:
+            capsule = value.__dlpack__()
+    except (BufferError, TypeError, ValueError, RuntimeError) as exc:
+        raise BindingError(f"input {path} cannot be exported through DLPack: {exc}", "run.input_layout") from exc
+    return _native.DLPackInput(capsule)
 
 
 def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int], object]:
@@ -293,19 +315,29 @@ def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int], object]:
 class NativeGraph:
     """A resolved graph loaded without torch: call it like the original module, with arrays."""
 
-    def __init__(self, stored: StoredCompiledGraph, weights: StrPath, *, torch_lib: StrPath | None = None) -> None:
-        if not stored.sm.startswith("cpu"):
-            raise BindingError(
-                f"the native load path runs CPU graphs only; this one is for {stored.sm}: use load()",
-                "run.native_unsupported",
-            )
+    def __init__(
+        self,
+        stored: StoredCompiledGraph,
+        weights: StrPath,
+        *,
+        device: str | None = None,
+        torch_lib: StrPath | None = None,
+    ) -> None:
         self._stored = stored
+        if device is None:
+            device = "cpu" if stored.sm.startswith("cpu") else "cuda:0"
+        if not isinstance(device, str):
+            raise BindingError(f"device must be a string such as 'cuda:0', got {device!r}", "run.device_mismatch")
         lib = find_torch_lib(torch_lib)
+        self._lib = lib
         #: How the installed torch was matched to the artifact's: ``"record digest"``
         #: or ``"not recorded"`` (the artifact states no digest to compare).
         self.torch_check = _check_torch(stored, lib)
         rows = [(r["fqn"], r["source"], r["dtype"], [int(d) for d in r["shape"]]) for r in stored.constants]
-        self._model = _native.NativeModel(lib, os.fspath(stored.package_path), stored.graph_class, "cpu", rows)
+        self._model = _native.NativeModel(
+            lib, os.fspath(stored.package_path), stored.graph_class, device, stored.sm, rows
+        )
+        self._stream = 0
         in_text, out_text = self._model.call_spec
         self._in = _parse_spec(in_text, "input")
         self._out = _parse_spec(out_text, "output")
@@ -358,6 +390,32 @@ class NativeGraph:
         """The libtorch directory the graph runs with."""
         return str(self._model.torch_lib)
 
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``: where the graph runs and its outputs live."""
+        return self._model.device
+
+    @property
+    def stream(self) -> int:
+        """The ``cudaStream_t`` calls queue their work on (0, the default: the legacy
+        default stream). Set it to a stream of the graph's device (CuPy's
+        ``stream.ptr``, torch's ``stream.cuda_stream``) to run there; inputs are
+        ordered before it through DLPack, outputs remember it for their consumers."""
+        return self._stream
+
+    @stream.setter
+    def stream(self, value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BindingError(f"a stream is a non-negative cudaStream_t handle, got {value!r}", "run.call_invalid")
+        if value and self.device == "cpu":
+            raise BindingError("a CPU graph runs on no stream", "run.call_invalid")
+        self._stream = value
+
+    def synchronize(self) -> None:
+        """Block until the work queued on :attr:`stream` is done (nothing to wait for on CPU)."""
+        if self.device != "cpu":
+            _native.synchronize(self._lib, self._stream)
+
     def rebind(self, weights: StrPath) -> None:
         """Bind a new weights file (``.safetensors``) with the same checks as loading."""
         literals = os.path.join(self._stored.path, "constants.safetensors")
@@ -399,21 +457,60 @@ class NativeGraph:
             raise BindingError(
                 f"the call holds {len(arrays)} arrays, the graph takes {self._model.num_inputs}", "run.call_invalid"
             )
-        inputs = []
+        inputs: list[_native.DLPackInput | tuple[int, int, str, list[int]]] = []
         keep = []
         bound: dict[str, int] = {}
         for n, (position, path, value) in enumerate(arrays):
             expected = self._facts[n][0]
             if expected is not None and expected != position:
                 raise BindingError(f"argument {path} is an array where the graph takes none", "run.call_invalid")
+            if not hasattr(value, "__array_interface__") and hasattr(value, "__dlpack__"):
+                taken = _dlpack(path, value, self._stream)
+                self._check(n, path, taken.dtype, list(taken.shape), bound)
+                inputs.append(taken)
+                keep.append(value)
+                continue
             address, nbytes, dtype, shape, held = _buffer(path, value)
             self._check(n, path, dtype, shape, bound)
             inputs.append((address, nbytes, dtype, shape))
             keep.append(held)
         # `keep` holds every input object (or its exported view) until the run returns.
-        outputs = self._model.run(inputs)
+        outputs = self._model.run(inputs, self._stream)
         del keep, arrays
         return _unflatten(self._out, iter(outputs))
 
     def __repr__(self) -> str:
-        return f"NativeGraph(key={self._stored.key!r}, torch_lib={self.torch_lib!r})"
+        return f"NativeGraph(key={self._stored.key!r}, device={self.device!r}, torch_lib={self.torch_lib!r})"
+
+
+def from_buffer(
+    buffer: Any,
+    dtype: str,
+    shape: Sequence[int],
+    *,
+    device: str = "cpu",
+    stream: int = 0,
+    torch_lib: StrPath | None = None,
+) -> _native.NativeTensor:
+    """A new tensor of ``dtype`` (an inductor dtype name, ``bfloat16`` included) and
+    ``shape`` on ``device``, copied from the bytes of ``buffer`` (a C-contiguous host
+    array or bytes-like object of exactly that many bytes), without importing torch.
+
+    The way to make inputs of a dtype numpy has no type for (``bfloat16``), or to
+    place an input on the GPU once and reuse it across calls."""
+    lib = find_torch_lib(torch_lib)
+    if isinstance(buffer, bytes):
+        buffer = bytearray(buffer)
+    view = memoryview(buffer)
+    if not view.c_contiguous:
+        raise BindingError("the buffer is not C-contiguous", "run.input_layout")
+    flat = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    import ctypes
+
+    address = ctypes.addressof(ctypes.c_char.from_buffer(flat)) if flat.nbytes and not flat.readonly else 0
+    if flat.readonly and flat.nbytes:
+        copy = bytearray(flat)
+        flat = memoryview(copy)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(flat))
+    # `flat` (and the object it views) stays referenced until the copy returned.
+    return _native.upload(lib, address, flat.nbytes, dtype, [int(d) for d in shape], device, stream)

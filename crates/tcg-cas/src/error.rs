@@ -138,6 +138,25 @@ pub enum StoreError {
         /// The destination.
         path: PathBuf,
     },
+    /// A store directory or file can be written by another local user (or is
+    /// a symlink where the store keeps a directory): the store refuses to
+    /// serve from it (code `store.insecure_permissions`).
+    #[error("insecure store permissions at {path}: {reason}; make it owned by you and run `chmod go-w {path}`")]
+    InsecurePermissions {
+        /// The offending directory or file.
+        path: PathBuf,
+        /// What is wrong, in lowercase prose.
+        reason: String,
+    },
+    /// A read-only operation named a root that holds no store; nothing was
+    /// created (code `store.not_found`).
+    #[error("no store at {path}: {reason}")]
+    NotFound {
+        /// The root as given.
+        path: PathBuf,
+        /// What is missing, in lowercase prose.
+        reason: String,
+    },
     /// An I/O failure that proves nothing about stored bytes; errno preserved.
     #[error("i/o error during {op} on {path}: {source}")]
     Io {
@@ -171,6 +190,8 @@ impl StoreError {
             StoreError::GcAborted { .. } => "store.gc_aborted",
             StoreError::MintLockTimeout { .. } => "store.mint_lock_timeout",
             StoreError::DestinationOccupied { .. } => "io.destination_occupied",
+            StoreError::InsecurePermissions { .. } => "store.insecure_permissions",
+            StoreError::NotFound { .. } => "store.not_found",
             StoreError::Io { .. } => "io.error",
         }
     }

@@ -35,6 +35,10 @@ pub struct DanglingRef {
     pub name: String,
     /// Why.
     pub error: StoreError,
+    /// Where an unreadable record was moved, with [`FsckOptions::quarantine`]
+    /// (a malformed record is proof of bad stored bytes; it then no longer
+    /// blocks GC, and the next import of the key publishes afresh).
+    pub moved_to: Option<PathBuf>,
 }
 
 /// What [`Store::fsck`] found.
@@ -69,6 +73,7 @@ impl Store {
     /// temps. Never deletes stored data. I/O errors abort with `io.error`.
     pub fn fsck(&self, options: FsckOptions) -> Result<FsckReport> {
         let mut report = FsckReport::default();
+        self.check_permissions()?;
         {
             let _shared = self.shared_lock()?;
             for (name, path) in walk_objects(self)? {
@@ -120,13 +125,28 @@ impl Store {
                 match self.read_ref_file(&path, &label) {
                     Ok(Some((name, target))) => {
                         if let Err(error) = self.check_closure(&name, &target) {
-                            report.dangling_refs.push(DanglingRef { name, error });
+                            report.dangling_refs.push(DanglingRef {
+                                name,
+                                error,
+                                moved_to: None,
+                            });
                         }
                     }
                     Ok(None) => {}
-                    Err(error) => report
-                        .dangling_refs
-                        .push(DanglingRef { name: label, error }),
+                    Err(e @ StoreError::Io { .. }) => return Err(e),
+                    Err(error) => {
+                        let moved_to = match (&error, options.quarantine) {
+                            (StoreError::RefInvalid { .. }, true) => {
+                                self.move_unreadable_ref(&path)?
+                            }
+                            _ => None,
+                        };
+                        report.dangling_refs.push(DanglingRef {
+                            name: label,
+                            error,
+                            moved_to,
+                        })
+                    }
                 }
             }
         }
@@ -134,5 +154,33 @@ impl Store {
         report.reaped_leases = leases;
         report.reaped_temps = temps;
         Ok(report)
+    }
+}
+
+impl Store {
+    /// Move a ref record that cannot be read (truncated, not canonical, wrong
+    /// members …) to `corrupt/ref-<file name>.<32 hex>`, re-checked under the
+    /// ref's stripe lock so that a record replaced meanwhile stays.
+    fn move_unreadable_ref(&self, path: &std::path::Path) -> Result<Option<PathBuf>> {
+        let Some(hash) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            return Ok(None);
+        };
+        if !tcg_cj::is_hex(&hash, 64) {
+            return Ok(None);
+        }
+        let _shared = self.shared_lock()?;
+        let _stripe = self.ref_stripe(&hash)?;
+        match self.read_ref_file(path, &hash) {
+            Err(StoreError::RefInvalid { .. }) => {}
+            _ => return Ok(None),
+        }
+        let to = self
+            .dir("corrupt")
+            .join(format!("ref-{hash}.{}", crate::fsutil::random_hex32()));
+        fs::rename(path, &to).map_err(crate::error::io_err("rename to corrupt", path))?;
+        crate::fsutil::fsync_dir(&self.dir("refs"))?;
+        crate::fsutil::fsync_dir(&self.dir("corrupt"))?;
+        self.bump_ref_generation()?;
+        Ok(Some(to))
     }
 }

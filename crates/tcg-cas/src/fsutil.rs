@@ -66,6 +66,7 @@ pub(crate) fn open_regular(path: &Path) -> Result<Option<(File, Metadata)>> {
             found: type_name(&md),
         });
     }
+    crate::secure::check_md(path, &md)?;
     Ok(Some((file, md)))
 }
 
@@ -257,18 +258,16 @@ pub(crate) fn copy_range(
     Ok(done)
 }
 
-/// Create every missing directory from `base` down to `dir`, returning the
-/// ones created, outermost first.
+/// Create every missing directory from `base` down to `dir` (mode 0700
+/// whatever the umask), returning the ones created, outermost first.
 pub(crate) fn create_dirs_tracked(base: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
     let rel = dir.strip_prefix(base).unwrap_or(dir);
     let mut cur = base.to_path_buf();
     let mut made = Vec::new();
     for comp in rel.components() {
         cur.push(comp);
-        match std::fs::create_dir(&cur) {
-            Ok(()) => made.push(cur.clone()),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io_err("mkdir", &cur)(e)),
+        if crate::secure::create_private_dir(&cur)? {
+            made.push(cur.clone());
         }
     }
     Ok(made)

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::{io_err, Result, StoreError};
@@ -170,6 +170,7 @@ impl Store {
     /// Reap dead leases and orphaned temps only (no marking, no sweep).
     /// Returns (dead leases reaped, temps removed).
     pub fn reap(&self) -> Result<(u64, u64)> {
+        self.check_permissions()?;
         let _x = self.exclusive_lock()?;
         let r = self.reap_locked()?;
         Ok((r.reaped_leases, r.reaped_temps))
@@ -196,6 +197,9 @@ impl Store {
     /// (`store.gc_aborted`). Never uses mtime, age or any clock.
     pub fn gc(&self, options: &GcOptions) -> Result<GcReport> {
         self.check_local_filesystem()?;
+        // Never delete through a symlinked store directory, nor in a store
+        // another user could have planted entries in.
+        self.check_permissions()?;
         let _x = self.exclusive_lock()?;
         let mut report = GcReport::default();
 
@@ -208,7 +212,16 @@ impl Store {
             };
             let rec = self
                 .read_ref_file(&path, &path.display().to_string())
-                .map_err(|e| abort(format!("ref record {} is unreadable", path.display()), e))?;
+                .map_err(|e| {
+                    abort(
+                        format!(
+                            "ref record {} is unreadable (`fsck --quarantine` moves it aside; \
+                             importing the key again then republishes it)",
+                            path.display()
+                        ),
+                        e,
+                    )
+                })?;
             let Some((ref_name, target)) = rec else {
                 continue;
             };
@@ -386,9 +399,17 @@ impl Store {
 /// Remove a lock file if its `flock` can be taken without waiting and the path
 /// still names the locked inode.
 pub(crate) fn remove_if_unheld(path: &Path) -> Result<bool> {
-    let f = match fs::OpenOptions::new().read(true).open(path) {
+    let f = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        // Swapped for a symlink or a FIFO meanwhile: not a lock file of ours.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENXIO)) => {
+            return Ok(false)
+        }
         Err(e) => return Err(io_err("open lock", path)(e)),
     };
     if !fsutil::flock(&f, true, true).map_err(io_err("flock", path))? {

@@ -60,7 +60,11 @@ impl Store {
                 Err(e) => return Err(io_err("create lease", &path)(e)),
             };
             drop(file);
-            let file = File::open(&path).map_err(io_err("open lease", &path))?;
+            let file = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&path)
+                .map_err(io_err("open lease", &path))?;
             if !fsutil::flock(&file, true, true).map_err(io_err("flock", &path))? {
                 // Cannot happen under the shared store lock; do not rely on it.
                 continue;

@@ -30,6 +30,7 @@ mod manifest;
 mod materialize;
 mod object;
 mod refs;
+mod secure;
 
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
@@ -95,36 +96,82 @@ impl Default for StoreOptions {
     }
 }
 
-const DIRS: [&str; 8] = [
+/// The store's fixed directories, parents before children.
+const DIRS: [&str; 9] = [
+    "objects",
     "objects/sha256",
     "refs",
     "leases",
     "tmp",
     "corrupt",
+    "locks",
     "locks/mint",
     "uses",
-    "locks",
 ];
 
 impl Store {
     /// Open the store at `root`, initialising it (with `FORMAT`) when the
     /// directory is absent or empty. A root whose `FORMAT` names another format,
     /// or a non-empty directory without `FORMAT`, is refused
-    /// (`store.format_unsupported`).
+    /// (`store.format_unsupported`). Directories are created with mode 0700
+    /// whatever the umask; a root or store directory that another user can
+    /// write, or a symlink where a store directory should be, is refused
+    /// (`store.insecure_permissions`).
     pub fn open(root: impl AsRef<Path>) -> Result<Store> {
+        Store::open_with(root, StoreOptions::default())
+    }
+
+    /// Open an existing store without creating anything: a missing root, a
+    /// root without `FORMAT` or a missing store directory is
+    /// `store.not_found`. For read-only operations (listing, statistics,
+    /// fsck), so that a mistyped root is an error, not a new store.
+    pub fn open_existing(root: impl AsRef<Path>) -> Result<Store> {
+        let root = root.as_ref().to_path_buf();
+        let not_found = |reason: &str| StoreError::NotFound {
+            path: root.clone(),
+            reason: reason.to_string(),
+        };
+        match fs::metadata(&root) {
+            Ok(md) if md.is_dir() => {}
+            Ok(_) => return Err(not_found("the root is not a directory")),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(not_found("the root does not exist"))
+            }
+            Err(e) => return Err(io_err("stat", &root)(e)),
+        }
+        if fs::symlink_metadata(root.join("FORMAT")).is_err() {
+            if is_hashrepo_root(&root) {
+                return Err(StoreError::HashRepoRoot { path: root });
+            }
+            return Err(not_found("the root has no FORMAT file"));
+        }
+        check_or_init_format(&root)?;
+        for d in DIRS {
+            if !secure::check_dir(&root.join(d))? {
+                return Err(not_found(&format!("the store directory {d}/ is missing")));
+            }
+        }
         Store::open_with(root, StoreOptions::default())
     }
 
     /// [`Store::open`] with options.
     pub fn open_with(root: impl AsRef<Path>, options: StoreOptions) -> Result<Store> {
         let root = root.as_ref().to_path_buf();
-        fs::create_dir_all(&root).map_err(io_err("mkdir", &root))?;
+        if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent).map_err(io_err("mkdir", parent))?;
+        }
+        secure::create_private_dir(&root)?;
+        // The root is named by the caller and may be reached through a
+        // symlink; what it resolves to must be private.
+        let md = fs::metadata(&root).map_err(io_err("stat", &root))?;
+        secure::check_md(&root, &md)?;
         check_or_init_format(&root)?;
         let mut created = false;
         for d in DIRS {
             let p = root.join(d);
-            if !p.is_dir() {
-                fs::create_dir_all(&p).map_err(io_err("mkdir", &p))?;
+            if !secure::check_dir(&p)? {
+                secure::create_private_dir(&p)?;
+                secure::check_dir(&p)?;
                 created = true;
             }
         }
@@ -141,6 +188,25 @@ impl Store {
                 no_reflink: Mutex::new(HashSet::new()),
             }),
         })
+    }
+
+    /// Re-check that the store's fixed directories are real directories that
+    /// no other user can write (maintenance passes call this before they
+    /// delete anything, since the store may have changed since it was opened).
+    pub fn check_permissions(&self) -> Result<()> {
+        let root = self.root();
+        let md = fs::metadata(root).map_err(io_err("stat", root))?;
+        secure::check_md(root, &md)?;
+        for d in DIRS {
+            let p = root.join(d);
+            if !secure::check_dir(&p)? {
+                return Err(StoreError::NotFound {
+                    path: root.to_owned(),
+                    reason: format!("the store directory {d}/ is missing"),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The store root.

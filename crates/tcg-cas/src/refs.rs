@@ -356,6 +356,7 @@ impl Store {
                 .write(true)
                 .create_new(true)
                 .mode(0o644)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&tmp)
                 .map_err(io_err("create temp", &tmp))?;
             f.write_all(&encode_record(name, t))
@@ -431,7 +432,13 @@ impl Store {
             .map_or(0, |d| d.as_nanos() as u64);
         let _shared = self.shared_lock()?;
         let tmp = self.anonymous_temp("use");
-        let res = fs::write(&tmp, format!("{nanos}\n"))
+        let res = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(format!("{nanos}\n").as_bytes()))
             .map_err(io_err("write", &tmp))
             .and_then(|()| {
                 let dest = self.dir("uses").join(name_hash(name));
@@ -449,10 +456,13 @@ impl Store {
     }
 
     pub(crate) fn last_use_by_hash(&self, hash: &str) -> u64 {
-        fs::read_to_string(self.dir("uses").join(hash))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
+        // Never through a symlink, never blocking on a FIFO, never more than a stamp.
+        let Ok(Some((f, _))) = fsutil::open_regular(&self.dir("uses").join(hash)) else {
+            return 0;
+        };
+        let mut text = String::new();
+        let _ = f.take(64).read_to_string(&mut text);
+        text.trim().parse().unwrap_or(0)
     }
 }
 

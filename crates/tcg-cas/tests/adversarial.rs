@@ -156,7 +156,16 @@ fn planted_defects_are_reported_typed_by_fsck_and_never_served() {
     // Quarantine moves the bad objects aside; a good object is untouched.
     let r = s.fsck(FsckOptions { quarantine: true }).unwrap();
     assert_eq!(r.corrupt.iter().filter(|c| c.moved_to.is_some()).count(), 4);
-    assert_eq!(dir_entries(&s.root().join("corrupt")).len(), 4);
+    // The malformed ref record is bad stored bytes too: moved aside, not deleted.
+    let moved: Vec<_> = r
+        .dangling_refs
+        .iter()
+        .filter_map(|d| d.moved_to.clone())
+        .collect();
+    assert_eq!(moved.len(), 1, "{:?}", r.dangling_refs);
+    assert_eq!(std::fs::read(&moved[0]).unwrap(), b"{\"format\":1}");
+    assert_eq!(s.get_ref("adv/bad").unwrap(), None);
+    assert_eq!(dir_entries(&s.root().join("corrupt")).len(), 5);
     assert!(std::fs::symlink_metadata(&c0).is_err());
     assert!(
         std::fs::read(&copy).is_ok(),

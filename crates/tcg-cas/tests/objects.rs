@@ -338,6 +338,20 @@ fn error_codes_are_stable() {
             "io.destination_occupied",
         ),
         (
+            StoreError::InsecurePermissions {
+                path: p.clone(),
+                reason: "r".into(),
+            },
+            "store.insecure_permissions",
+        ),
+        (
+            StoreError::NotFound {
+                path: p.clone(),
+                reason: "r".into(),
+            },
+            "store.not_found",
+        ),
+        (
             StoreError::Io {
                 op: "write",
                 path: p.clone(),

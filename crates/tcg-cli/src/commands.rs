@@ -140,6 +140,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Say why keys differ: `KEY_A KEY_B` diffs two stored keys fact by fact;
+    /// `--graph-class NAME` lists what is stored for a class and how the entries
+    /// differ (exit 1 when a key or the class is not stored).
+    Explain {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Two stored keys: KEY_A (in the requested role) and KEY_B.
+        #[arg(
+            num_args = 2,
+            value_names = ["KEY_A", "KEY_B"],
+            required_unless_present = "graph_class",
+            conflicts_with = "graph_class"
+        )]
+        keys: Vec<String>,
+        /// List the stored entries of this graph class instead.
+        #[arg(long, value_name = "NAME")]
+        graph_class: Option<String>,
+        /// Print JSON (stable).
+        #[arg(long)]
+        json: bool,
+    },
     /// Hits, misses, mints, quarantines, remote counters and bytes of a store.
     Stats {
         #[command(flatten)]
@@ -213,9 +234,8 @@ impl StoreArg {
         Ok(std::sync::Arc::new(tcg_remote::Remote::from_url(&url)?))
     }
 
-    /// The engine, with the remote attached when one is configured.
-    pub(crate) fn engine(&self) -> anyhow::Result<Engine> {
-        let engine = self.local_engine()?;
+    /// Attach the remote to `engine` when one is configured.
+    fn with_configured_remote(&self, engine: Engine) -> anyhow::Result<Engine> {
         Ok(match self.remote_url() {
             Some(url) => {
                 engine.with_remote(std::sync::Arc::new(tcg_remote::Remote::from_url(&url)?))
@@ -224,8 +244,38 @@ impl StoreArg {
         })
     }
 
-    /// The engine over the local store alone.
+    /// An engine over the store, created if absent (import, gc), with the
+    /// remote attached when one is configured.
+    pub(crate) fn engine(&self) -> anyhow::Result<Engine> {
+        self.with_configured_remote(self.local_engine()?)
+    }
+
+    /// The engine for `resolve`. Without a remote the store must exist
+    /// (`store.not_found`; resolving never creates one). With a remote a local
+    /// miss is a fetch, which writes, so the local store is created if absent.
+    fn resolving(&self) -> anyhow::Result<Engine> {
+        if self.remote_url().is_some() {
+            self.engine()
+        } else {
+            self.existing()
+        }
+    }
+
+    /// The engine over the local store alone, created if absent.
     pub(crate) fn local_engine(&self) -> anyhow::Result<Engine> {
+        let root = self.root()?;
+        Engine::open(&root).with_context(|| format!("cannot open the store at {}", root.display()))
+    }
+
+    /// An engine over an existing local store; nothing is created
+    /// (`store.not_found`).
+    pub(crate) fn existing(&self) -> anyhow::Result<Engine> {
+        let root = self.root()?;
+        Engine::open_existing(&root)
+            .with_context(|| format!("cannot open the store at {}", root.display()))
+    }
+
+    fn root(&self) -> anyhow::Result<PathBuf> {
         let root = match &self.cas_root {
             Some(root) => root.clone(),
             None => {
@@ -237,7 +287,7 @@ impl StoreArg {
                 base.join("torch-compiled-graphs")
             }
         };
-        Engine::open(&root).with_context(|| format!("cannot open the store at {}", root.display()))
+        Ok(root)
     }
 }
 
@@ -390,7 +440,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             dest,
             json,
         } => {
-            let engine = store.engine()?;
+            let engine = store.resolving()?;
             match engine.resolve(&key, &dest) {
                 Ok(Some(r)) => {
                     let mut m = metadata_summary(&r.metadata);
@@ -454,7 +504,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Ls { store, json } => {
-            let rows = store.engine()?.list()?;
+            let rows = store.existing()?.list()?;
             if json {
                 print_json(&rows)?;
             } else {
@@ -496,7 +546,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             quarantine,
             json,
         } => {
-            let (report, clean) = store.engine()?.fsck(quarantine)?;
+            let (report, clean) = store.existing()?.fsck(quarantine)?;
             print_report(&report, json)?;
             Ok(if clean {
                 Outcome::Success
@@ -504,12 +554,18 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 Outcome::Negative
             })
         }
+        Command::Explain {
+            store,
+            keys,
+            graph_class,
+            json,
+        } => crate::explain::run(&store.engine()?, &keys, graph_class.as_deref(), json),
         Command::Stats {
             store,
             json,
             prometheus,
         } => {
-            let stats = store.local_engine()?.stats()?;
+            let stats = store.existing()?.stats()?;
             if prometheus {
                 print_line(crate::fleet::prometheus(&stats).trim_end())?;
             } else {

@@ -128,7 +128,8 @@ pub(crate) fn push(
     json: bool,
 ) -> anyhow::Result<Outcome> {
     let remote = store.remote()?;
-    let engine = store.local_engine()?;
+    // Push only reads the local store: a missing one is `store.not_found`.
+    let engine = store.existing()?;
     let mut keys = read_keys(keys, from)?;
     if keys.is_empty() {
         keys = engine

@@ -8,6 +8,7 @@
 
 mod adopt;
 mod commands;
+mod explain;
 mod fleet;
 mod output;
 
@@ -16,7 +17,13 @@ use clap::Parser;
 pub use output::Outcome;
 
 /// Parse `argv` (program name first), run the command and return its exit code.
-pub fn run(argv: Vec<String>) -> i32 {
+/// Path arguments are taken as the OS gives them; any other argument that is
+/// not UTF-8 is a usage error (exit 2).
+pub fn run<I, T>(argv: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     let cli = match commands::Cli::try_parse_from(argv) {
         Ok(cli) => cli,
         Err(e) => {

@@ -67,6 +67,15 @@ fn hint(err: &Error) -> Option<&'static str> {
         DeclarationToolchainInvalid => {
             Some("a toolchain block is a JSON object of non-empty trimmed strings")
         }
+        StoreNotFound => Some(
+            "check --cas-root (or XDG_CACHE_HOME); a store is created by import, ensure or gc, \
+             never by ls, stats, fsck or resolve",
+        ),
+        StoreInsecurePermissions => Some(
+            "the store must be writable by its owner only: chown it to yourself and run chmod -R go-w on it",
+        ),
+        StoreDestinationInStore => Some("choose a destination outside the store root"),
+        StoreGcAborted => Some("run fsck --quarantine to move unreadable ref records aside"),
         _ => None,
     }
 }

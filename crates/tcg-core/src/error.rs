@@ -105,6 +105,8 @@ codes! {
     ArtifactTruncatedGzip => Artifact, "artifact.truncated_gzip";
     ArtifactGzipTrailing => Artifact, "artifact.gzip_trailing";
     ArtifactDecompressedTooLarge => Artifact, "artifact.decompressed_too_large";
+    /// A stream inflates to more than the ratio cap allows for its compressed size.
+    ArtifactInflationRatio => Artifact, "artifact.inflation_ratio";
     ArtifactTarHeader => Artifact, "artifact.tar_header";
     ArtifactTarMember => Artifact, "artifact.tar_member";
     ArtifactTarTruncated => Artifact, "artifact.tar_truncated";
@@ -126,6 +128,10 @@ codes! {
     ArtifactFormatUnsupported => Artifact, "artifact.format_unsupported";
     ArtifactPackageZip => Artifact, "artifact.package_zip";
     ArtifactPackageLayout => Artifact, "artifact.package_layout";
+    /// The package zip lists more entries, or a larger central directory, than allowed.
+    ArtifactPackageTooManyEntries => Artifact, "artifact.package_too_many_entries";
+    /// A package member the verifier reads declares more bytes than its kind allows.
+    ArtifactPackageMemberTooLarge => Artifact, "artifact.package_member_too_large";
     ArtifactPackageEntryMismatch => Artifact, "artifact.package_entry_mismatch";
     ArtifactWrapperParse => Artifact, "artifact.wrapper_parse";
     ArtifactConstantsMismatch => Artifact, "artifact.constants_mismatch";
@@ -163,6 +169,12 @@ codes! {
     StoreManifestInvalid => Storage, "store.manifest_invalid";
     /// The root is a torch-compiled-graphs 0.2.0 (HashRepo) store: adopt it into a new root.
     StoreHashrepoRoot => Storage, "store.hashrepo_root";
+    /// A store directory or file can be written by another local user.
+    StoreInsecurePermissions => Storage, "store.insecure_permissions";
+    /// A read-only operation named a root that holds no store.
+    StoreNotFound => Storage, "store.not_found";
+    /// A destination lies inside the store root.
+    StoreDestinationInStore => Storage, "store.destination_in_store";
 
     /// The remote URL or a remote setting is not usable.
     RemoteConfigInvalid => Storage, "remote.config_invalid";
@@ -289,7 +301,11 @@ impl Error {
             kind: Kind::Io,
             code: Code::IoError,
             message: format!("{context}: {err}"),
-            errno: err.raw_os_error(),
+            // An allocation refused by a library (try_reserve) carries no
+            // errno; it is still ENOMEM, and never evidence about bytes.
+            errno: err
+                .raw_os_error()
+                .or((err.kind() == std::io::ErrorKind::OutOfMemory).then_some(libc::ENOMEM)),
         }
     }
 

@@ -361,13 +361,15 @@ fn the_admitted_copy_serves_resolves_and_a_corrupt_copy_falls_back_to_the_envelo
     let man = e.store().load_manifest(&lease, &pkg.digest).unwrap();
     lease.end().unwrap();
     let chunk = e.store().object_path(&man.chunks[0].digest);
-    let mut perms = std::fs::metadata(&chunk).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perms.set_readonly(false);
-    std::fs::set_permissions(&chunk, perms).unwrap();
     let mut bytes = std::fs::read(&chunk).unwrap();
     bytes[1000] ^= 1;
-    std::fs::write(&chunk, bytes).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |m| std::fs::Permissions::from_mode(m);
+        std::fs::set_permissions(&chunk, mode(0o644)).unwrap();
+        std::fs::write(&chunk, bytes).unwrap();
+        std::fs::set_permissions(&chunk, mode(0o444)).unwrap();
+    }
     // The envelope is intact: resolve still serves the right bytes, quarantines nothing.
     e.resolve(KEY, &d.path().join("b")).unwrap().unwrap();
     assert_eq!(tree(&d.path().join("b")), tree(&members(d.path())));
@@ -398,7 +400,8 @@ fn the_admitted_copy_serves_resolves_and_a_corrupt_copy_falls_back_to_the_envelo
             .unwrap()
             .entries
             .len(),
-        2
+        3,
+        "metadata, package and the binding record"
     );
 }
 
@@ -427,7 +430,7 @@ fn gc_under_a_budget_drops_admitted_copies_then_evicts_the_least_recently_resolv
             .unwrap()
             .entries
             .len(),
-        4
+        6
     );
     // A budget that fits one envelope: the admitted copies go first, then the
     // least recently resolved key.

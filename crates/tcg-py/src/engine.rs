@@ -9,9 +9,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 use tcg_cj::{Map, Value};
 use tcg_core::artifact::literals::LiteralTensor;
-use tcg_core::engine::{Engine, MintOutput, Request, Resolved, StoreResult};
+use tcg_core::engine::{Engine, MintOutput, Request, Resolved, StoreResult, EXPLAIN_NEIGHBOURS};
 use tcg_core::host_isa::HostIsa;
-use tcg_core::identity::{DeclarationInput, GraphClassDeclaration};
+use tcg_core::identity::{
+    derive_key, graph_witness, toolchain_axis, validate_toolchain_block, DeclarationInput,
+    GraphClassDeclaration, KeyFacts, WitnessLines,
+};
 use tcg_core::{Code, Error};
 
 use crate::convert::{from_value, to_value};
@@ -19,7 +22,23 @@ use crate::errors::{to_py, IntoPyResult};
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeEngine>()?;
+    m.add_function(wrap_pyfunction!(render_explanation, m)?)?;
     Ok(())
+}
+
+/// The text form of an explanation report: `kind` is `explain`, `pair` or `class`.
+#[pyfunction]
+fn render_explanation(kind: &str, report: &Bound<'_, PyAny>) -> PyResult<String> {
+    let value = to_value(report, "report")
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("explanation report: {e}")))?;
+    match kind {
+        "explain" => Ok(tcg_core::engine::render_explanation(&value)),
+        "pair" => Ok(tcg_core::engine::render_pair(&value)),
+        "class" => Ok(tcg_core::engine::render_class(&value)),
+        other => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "unknown explanation kind {other:?}"
+        ))),
+    }
 }
 
 fn key_arg(key: &Bound<'_, PyAny>) -> PyResult<String> {
@@ -67,14 +86,11 @@ fn json(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Value> {
     })
 }
 
-/// Convert the Python mint callback's result.
-fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
-    let d = obj.cast::<PyDict>()?;
-    let decl = field(d, "declaration")?;
-    let decl = decl.cast::<PyDict>()?;
+/// A declaration from its `to_dict()` form (fields as `GraphClassDeclaration` names them).
+fn declaration_from_dict(decl: &Bound<'_, PyDict>) -> PyResult<GraphClassDeclaration> {
     let get = |k: &str| -> PyResult<Value> { json(&field(decl, k)?, k) };
     let placement: Vec<String> = field(decl, "placement")?.extract()?;
-    let declaration = GraphClassDeclaration::new(DeclarationInput {
+    GraphClassDeclaration::new(DeclarationInput {
         graph_class: get("graph_class")?,
         target: get("target")?,
         graph: get("graph")?,
@@ -87,7 +103,13 @@ fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
         literal_values: get("literal_values")?,
         placement,
     })
-    .py()?;
+    .py()
+}
+
+/// Convert the Python mint callback's result.
+fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
+    let d = obj.cast::<PyDict>()?;
+    let declaration = declaration_from_dict(field(d, "declaration")?.cast::<PyDict>()?)?;
     let host_isa = HostIsa::from_value(
         &json(&field(d, "host_isa")?, "host_isa")?,
         Code::CompileHostPolicy,
@@ -110,7 +132,27 @@ fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
         toolchain: json(&field(d, "toolchain")?, "toolchain")?,
         host_isa,
         literals,
+        witness_lines: match d.get_item("witness_lines")? {
+            Some(lines) if !lines.is_none() => Some(lines.extract()?),
+            _ => None,
+        },
     })
+}
+
+/// The longest `lock_timeout` accepted, in seconds (one year): longer waits
+/// are `None` (wait indefinitely) in all but name, and far larger values
+/// overflow the clock.
+pub const MAX_LOCK_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// A `lock_timeout` in seconds as a duration: finite, not negative, at most
+/// [`MAX_LOCK_TIMEOUT_SECS`]; anything else is a `ValueError`.
+fn lock_timeout_duration(seconds: f64) -> PyResult<Duration> {
+    if !seconds.is_finite() || !(0.0..=MAX_LOCK_TIMEOUT_SECS).contains(&seconds) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "lock_timeout must be a finite number of seconds from 0 to {MAX_LOCK_TIMEOUT_SECS}, or None; got {seconds}"
+        )));
+    }
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 /// The native engine over one store root. The Python `Engine` wraps it.
@@ -130,8 +172,9 @@ impl NativeEngine {
         lock_timeout: Option<f64>,
         remote: Option<String>,
     ) -> PyResult<Self> {
+        let timeout = lock_timeout.map(lock_timeout_duration).transpose()?;
         let engine = py.detach(|| Engine::open(&root)).py()?;
-        let mut engine = engine.with_lock_timeout(lock_timeout.map(Duration::from_secs_f64));
+        let mut engine = engine.with_lock_timeout(timeout);
         // Only the URL is checked here: the client is built on the first miss.
         if let Some(url) = &remote {
             let r = tcg_remote::Remote::from_url(url).py()?;
@@ -282,6 +325,73 @@ impl NativeEngine {
     #[pyo3(signature = (quarantine=false))]
     fn fsck<'py>(&self, py: Python<'py>, quarantine: bool) -> PyResult<Bound<'py, PyAny>> {
         let (v, _) = py.detach(|| self.inner.fsck(quarantine)).py()?;
+        from_value(py, &v)
+    }
+
+    /// Explain a requested key (a declaration's fields, the `sm` axis, the
+    /// toolchain block and, when known, the program's canonical lines).
+    #[pyo3(signature = (declaration, sm, toolchain, lines=None, limit=EXPLAIN_NEIGHBOURS))]
+    fn explain<'py>(
+        &self,
+        py: Python<'py>,
+        declaration: &Bound<'py, PyDict>,
+        sm: &str,
+        toolchain: &Bound<'py, PyAny>,
+        lines: Option<Vec<String>>,
+        limit: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let declaration = declaration_from_dict(declaration)?;
+        let block = crate::identity::toolchain_block(toolchain)?;
+        let toolchain = validate_toolchain_block(&block, Code::DeclarationToolchainInvalid).py()?;
+        let key = derive_key(declaration.class_hash(), sm, &toolchain_axis(&toolchain)).py()?;
+        let lines = lines
+            .filter(|l| graph_witness(l) == declaration.graph_witness())
+            .map(|l| WitnessLines::bounded(&l));
+        let facts = KeyFacts {
+            key,
+            declaration,
+            sm: sm.to_string(),
+            toolchain,
+            lines,
+        };
+        let v = py.detach(|| self.inner.explain(&facts, limit)).py()?;
+        from_value(py, &v)
+    }
+
+    /// Explain a stored key against the other stored entries of its class;
+    /// `None` when it is not stored.
+    #[pyo3(signature = (key, limit=EXPLAIN_NEIGHBOURS))]
+    fn explain_stored<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+        limit: usize,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let key = key_arg(key)?;
+        let v = py.detach(|| self.inner.explain_stored(&key, limit)).py()?;
+        v.map(|v| from_value(py, &v)).transpose()
+    }
+
+    /// Diff two stored keys (`store.absent` names one that is not stored).
+    fn explain_keys<'py>(
+        &self,
+        py: Python<'py>,
+        a: &Bound<'py, PyAny>,
+        b: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (a, b) = (key_arg(a)?, key_arg(b)?);
+        match py.detach(|| self.inner.explain_keys(&a, &b)).py()? {
+            Ok(v) => from_value(py, &v),
+            Err(missing) => Err(to_py(Error::new(
+                Code::StoreAbsent,
+                format!("{missing} is not stored"),
+            ))),
+        }
+    }
+
+    /// What is stored for a graph class and how the entries differ.
+    fn explain_class<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let v = py.detach(|| self.inner.explain_class(name)).py()?;
         from_value(py, &v)
     }
 

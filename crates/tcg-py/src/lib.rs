@@ -5,6 +5,7 @@
 
 mod artifact;
 mod convert;
+mod dlpack;
 mod engine;
 mod errors;
 mod host;
@@ -30,7 +31,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// Run the command line with `argv` (program name first); returns the exit code.
 #[pyfunction]
-fn cli_main(py: Python<'_>, argv: Vec<String>) -> i32 {
+fn cli_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> i32 {
     py.detach(|| tcg_cli::run(argv))
 }
 

@@ -9,18 +9,78 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use pyo3::exceptions::{PyAttributeError, PyBufferError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use tcg_core::artifact::{ConstantRow, ConstantSource};
 use tcg_core::{Code, Error};
-use tcg_run::{Dim, Graph, Input, OwnedTensor, Torch};
+use tcg_run::{Device, Dim, Graph, Input, OwnedTensor, Torch};
 
+use crate::dlpack::{capsule, DLPackInput};
 use crate::errors::IntoPyResult;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeModel>()?;
     m.add_class::<NativeTensor>()?;
+    m.add_class::<DLPackInput>()?;
+    m.add_function(wrap_pyfunction!(upload, m)?)?;
+    m.add_function(wrap_pyfunction!(synchronize, m)?)?;
     Ok(())
+}
+
+/// A tensor of `dtype` and `shape` on `device` made from the `nbytes` host
+/// bytes at `address` (a C-contiguous buffer the caller holds during the
+/// call), copied on `stream`, with libtorch from `torch_lib`. The call returns
+/// once the copy is done.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn upload(
+    py: Python<'_>,
+    torch_lib: PathBuf,
+    address: usize,
+    nbytes: usize,
+    dtype: String,
+    shape: Vec<i64>,
+    device: String,
+    stream: usize,
+) -> PyResult<NativeTensor> {
+    if address == 0 && nbytes > 0 {
+        return Err(Error::new(Code::RunInputLayout, "the buffer has no memory")).py();
+    }
+    let tensor = py
+        .detach(move || {
+            let torch = Torch::open(&torch_lib)?;
+            let dtype = torch.dtype_by_name(&dtype).ok_or_else(|| {
+                Error::new(
+                    Code::RunInputMismatch,
+                    format!("the native path has no dtype {dtype:?}"),
+                )
+            })?;
+            let device = Device::parse(&device)?;
+            if device.is_cuda() {
+                torch.cuda()?;
+            }
+            let bytes: &[u8] = if nbytes == 0 {
+                &[]
+            } else {
+                // SAFETY: the Python caller (torch_compiled_graphs.native)
+                // takes `address` and `nbytes` from a live buffer it holds
+                // across this call.
+                unsafe { std::slice::from_raw_parts(address as *const u8, nbytes) }
+            };
+            OwnedTensor::from_host(&torch, bytes, &shape, dtype, device, stream)
+        })
+        .py()?;
+    Ok(NativeTensor {
+        inner: Arc::new(tensor),
+    })
+}
+
+/// Block until the work queued on `stream` of libtorch's CUDA runtime is done.
+#[pyfunction]
+fn synchronize(py: Python<'_>, torch_lib: PathBuf, stream: usize) -> PyResult<()> {
+    py.detach(move || Torch::open(&torch_lib)?.cuda()?.synchronize(stream))
+        .py()
 }
 
 /// A resolved graph loaded through libtorch's C ABI.
@@ -44,6 +104,7 @@ impl NativeModel {
         package: PathBuf,
         entry: String,
         device: String,
+        sm: String,
         constants: Vec<Row>,
     ) -> PyResult<Self> {
         let rows = constants
@@ -67,7 +128,7 @@ impl NativeModel {
         let graph = py
             .detach(|| {
                 let torch = Torch::open(&torch_lib)?;
-                Graph::load(torch, &package, &entry, &device, rows)
+                Graph::load(torch, &package, &entry, &device, &sm, rows)
             })
             .py()?;
         Ok(NativeModel {
@@ -83,31 +144,52 @@ impl NativeModel {
             .py()
     }
 
-    /// Run on `inputs`, each `(address, nbytes, dtype, shape)` of a C-contiguous
-    /// CPU buffer that the caller keeps alive and unchanged during the call.
+    /// Run on `inputs` with the work queued on `stream` (0: the legacy
+    /// default stream; always 0 on CPU). Each input is a `DLPackInput` or
+    /// `(address, nbytes, dtype, shape)` of a C-contiguous host buffer that
+    /// the caller keeps alive and unchanged during the call.
+    #[pyo3(signature = (inputs, stream=0))]
     fn run(
         &self,
         py: Python<'_>,
-        inputs: Vec<(usize, usize, String, Vec<i64>)>,
+        inputs: Vec<Bound<'_, PyAny>>,
+        stream: usize,
     ) -> PyResult<Vec<NativeTensor>> {
-        let inputs: Vec<Input> = inputs
-            .into_iter()
-            .map(|(data, nbytes, dtype, shape)| Input {
-                data,
-                nbytes,
-                dtype,
-                shape,
-            })
-            .collect();
+        let mut described = Vec::with_capacity(inputs.len());
+        for item in &inputs {
+            if let Ok(dl) = item.cast::<DLPackInput>() {
+                described.push(dl.get().input());
+            } else {
+                let (data, nbytes, dtype, shape): (usize, usize, String, Vec<i64>) =
+                    item.extract()?;
+                described.push(Input {
+                    data,
+                    nbytes,
+                    dtype,
+                    shape,
+                    device: Device::Cpu,
+                });
+            }
+        }
         let graph = Arc::clone(&self.inner);
         // SAFETY: the Python caller (torch_compiled_graphs.native) derives each
-        // address and length from a live object's __array_interface__ or
-        // buffer and holds a reference to that object across this call.
-        let outputs = py.detach(move || unsafe { graph.run(&inputs) }).py()?;
+        // address and length from a live object's __array_interface__, buffer
+        // or DLPack capsule and holds that object (and `inputs` holds every
+        // DLPackInput) across this call.
+        let outputs = py
+            .detach(move || unsafe { graph.run_on(&described, stream) })
+            .py()?;
+        drop(inputs);
         Ok(outputs
             .into_iter()
-            .map(|t| NativeTensor { inner: t })
+            .map(|t| NativeTensor { inner: Arc::new(t) })
             .collect())
+    }
+
+    /// `"cpu"` or `"cuda:N"`.
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device().to_string()
     }
 
     /// `(in_spec, out_spec)`: torch's treespec JSON from the container.
@@ -186,10 +268,11 @@ fn typestr(name: &str) -> &'static str {
     }
 }
 
-/// An output of a native run; owns its memory until it is garbage collected.
+/// An output of a native run; owns its memory until it is garbage collected
+/// and every DLPack consumer released it.
 #[pyclass(module = "torch_compiled_graphs._native", frozen)]
-struct NativeTensor {
-    inner: OwnedTensor,
+pub(crate) struct NativeTensor {
+    inner: Arc<OwnedTensor>,
 }
 
 #[pymethods]
@@ -213,9 +296,73 @@ impl NativeTensor {
         PyTuple::new(py, self.inner.strides().iter().map(|s| s * size))
     }
 
-    /// The array interface (version 3): a read-write view of the output's memory.
+    /// `"cpu"` or `"cuda:N"`.
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device().to_string()
+    }
+
+    /// The CUDA stream the producing work was queued on (0 for the legacy
+    /// default stream and for host tensors).
+    #[getter]
+    fn stream(&self) -> usize {
+        self.inner.stream()
+    }
+
+    /// A C-contiguous copy on the host, made after the producing work.
+    fn cpu(&self, py: Python<'_>) -> PyResult<NativeTensor> {
+        let inner = Arc::clone(&self.inner);
+        let copy = py.detach(move || inner.copy_to(Device::Cpu)).py()?;
+        Ok(NativeTensor {
+            inner: Arc::new(copy),
+        })
+    }
+
+    /// DLPack export without a copy (the Python array API protocol): the
+    /// consumer's `stream` is ordered after the work that produced the tensor.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<i64>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        if let Some(want) = dl_device {
+            if want != self.__dlpack_device__() {
+                return Err(PyBufferError::new_err(format!(
+                    "the tensor is on {}; export to another device is not supported",
+                    self.inner.device()
+                )));
+            }
+        }
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "the tensor is exported without a copy (copy=True is not supported)",
+            ));
+        }
+        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+        capsule(py, &self.inner, stream, versioned)
+    }
+
+    /// `(device_type, device_id)` of DLPack: `(1, 0)` on the host, `(2, N)` on `cuda:N`.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        let d = tcg_run::dlpack::dl_device(self.inner.device());
+        (d.device_type, d.device_id)
+    }
+
+    /// The array interface (version 3): a read-write view of the output's
+    /// memory; host tensors only (a CUDA tensor has none, so `numpy.asarray`
+    /// refuses it: use `__dlpack__` or `cpu()`).
     #[getter]
     fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if self.inner.device() != Device::Cpu {
+            return Err(PyAttributeError::new_err(format!(
+                "a tensor on {} has no __array_interface__; use __dlpack__ or cpu()",
+                self.inner.device()
+            )));
+        }
         let d = PyDict::new(py);
         d.set_item("version", 3)?;
         d.set_item("shape", self.shape(py)?)?;
@@ -227,9 +374,10 @@ impl NativeTensor {
 
     fn __repr__(&self) -> String {
         format!(
-            "NativeTensor(dtype={}, shape={:?})",
+            "NativeTensor(dtype={}, shape={:?}, device={})",
             self.inner.dtype().name,
-            self.inner.sizes()
+            self.inner.sizes(),
+            self.inner.device()
         )
     }
 }

@@ -17,9 +17,11 @@ use libloading::os::unix::{Library, Symbol, RTLD_LOCAL, RTLD_NOW};
 use tcg_core::artifact::metadata::{ConstantRow, ConstantSource};
 use tcg_core::{Code, Error, Result};
 
+use crate::cuda::{Device, DeviceBuffer};
 use crate::extract::{extract, Extracted};
 use crate::inputs::{input_facts, InputFact};
-use crate::torch::{BorrowedTensor, Dtype, OwnedTensor, TensorHandle, Torch};
+use crate::stdmap::CxxAbi;
+use crate::torch::{BorrowedTensor, Dtype, TensorHandle, Torch};
 use crate::weights::Mapped;
 
 type Container = *mut c_void;
@@ -39,6 +41,7 @@ type GetBool = unsafe extern "C" fn(Container, usize, *mut bool) -> i32;
 type GetI32 = unsafe extern "C" fn(Container, usize, *mut i32) -> i32;
 type UpdatePairs =
     unsafe extern "C" fn(Container, *const ConstantMapEntry, usize, bool, bool) -> i32;
+type UpdateMap = unsafe extern "C" fn(Container, *mut c_void, bool, bool) -> i32;
 type GetCallSpec = unsafe extern "C" fn(Container, *mut *const c_char, *mut *const c_char) -> i32;
 type Run = unsafe extern "C" fn(
     Container,
@@ -49,14 +52,15 @@ type Run = unsafe extern "C" fn(
     *mut c_void,
     *mut c_void,
 ) -> i32;
-type LastError = unsafe extern "C" fn(*mut *const c_char) -> i32;
+pub(crate) type LastError = unsafe extern "C" fn(*mut *const c_char) -> i32;
 
 #[derive(Clone, Copy)]
-struct Api {
+pub(crate) struct Api {
     delete: Delete,
-    update_pairs: UpdatePairs,
-    run: Run,
-    last_error: LastError,
+    update_pairs: Option<UpdatePairs>,
+    update_map: Option<UpdateMap>,
+    pub(crate) run: Run,
+    pub(crate) last_error: Option<LastError>,
 }
 
 /// One constant of the container, in its index order.
@@ -72,10 +76,10 @@ pub struct ContainerConstant {
     pub dtype: Dtype,
 }
 
-/// One input of a call: a C-contiguous CPU buffer.
+/// One input of a call: a C-contiguous buffer in host or device memory.
 #[derive(Debug, Clone)]
 pub struct Input {
-    /// The address of the first element.
+    /// The address of the first element (a device address for a CUDA buffer).
     pub data: usize,
     /// The buffer's length in bytes.
     pub nbytes: usize,
@@ -83,22 +87,29 @@ pub struct Input {
     pub dtype: String,
     /// The shape.
     pub shape: Vec<i64>,
+    /// Where the buffer is. A host buffer given to a CUDA graph is copied to
+    /// the graph's device on the call's stream; a buffer on another device is
+    /// `run.device_mismatch`.
+    pub device: Device,
 }
 
 /// A resolved graph loaded through the wrapper's C ABI.
 pub struct Graph {
-    torch: Arc<Torch>,
-    api: Api,
-    container: Container,
+    pub(crate) torch: Arc<Torch>,
+    pub(crate) api: Api,
+    pub(crate) container: Container,
+    pub(crate) device: Device,
     constants: Vec<ContainerConstant>,
     rows: BTreeMap<String, ConstantRow>,
-    num_inputs: usize,
-    num_outputs: usize,
+    pub(crate) num_inputs: usize,
+    pub(crate) num_outputs: usize,
     call_spec: (String, String),
-    input_facts: Option<Vec<InputFact>>,
+    pub(crate) input_facts: Option<Vec<InputFact>>,
     // Runs share the lock; binding takes it alone (the container does not
     // guard its active constant buffer against a concurrent update).
-    lock: RwLock<()>,
+    pub(crate) lock: RwLock<()>,
+    // libstdc++'s layout and hash, when the runtime binds through a std map.
+    cxx: Option<CxxAbi>,
     // Dropped after the container (field order): the .so, then its directory.
     _library: Library,
     _extracted: Extracted,
@@ -147,23 +158,43 @@ fn text(p: *const c_char, what: &str) -> Result<String> {
 }
 
 impl Graph {
-    /// Load entry `entry` of the package at `package` with libtorch `torch`,
-    /// and check the container's constants against `rows` (the metadata's
+    /// Load entry `entry` of the package at `package` with libtorch `torch`
+    /// on `device` (`cpu`, `cuda:N`), for an artifact of axis value `sm`, and
+    /// check the container's constants against `rows` (the metadata's
     /// constant table) before anything is bound.
+    ///
+    /// A CPU artifact runs on `cpu` only; an `sm_NN` artifact on a CUDA device
+    /// of exactly that capability (`run.device_mismatch` otherwise, also when
+    /// torch has no CUDA support or no device is visible).
     pub fn load(
         torch: Arc<Torch>,
         package: &Path,
         entry: &str,
         device: &str,
+        sm: &str,
         rows: Vec<ConstantRow>,
     ) -> Result<Graph> {
-        if device != "cpu" {
-            return Err(Error::new(
-                Code::RunNativeUnsupported,
-                format!("the native load path runs CPU graphs only, not {device:?}"),
-            ));
+        let device = Device::parse(device)?;
+        let wants = tcg_core::artifact::package::cubin::sm_number(sm);
+        let mismatch = |m: String| Error::new(Code::RunDeviceMismatch, m);
+        match (device, wants) {
+            (Device::Cpu, None) => {}
+            (Device::Cpu, Some(_)) | (Device::Cuda(_), None) => {
+                return Err(mismatch(format!(
+                    "the artifact is for {sm}; it cannot run on {device}"
+                )))
+            }
+            (Device::Cuda(index), Some(want)) => {
+                let (major, minor) = torch.cuda()?.capability(index)?;
+                let have = u32::try_from(major * 10 + minor).unwrap_or(0);
+                if have != want {
+                    return Err(mismatch(format!(
+                        "the artifact is for {sm}; {device} has capability {major}.{minor} (sm_{major}{minor})"
+                    )));
+                }
+            }
         }
-        let extracted = extract(package, entry)?;
+        let extracted = extract(package, entry, wants.map(|_| sm))?;
         // SAFETY: the .so comes from the package of a verified, admitted
         // artifact (resolve checked its ELF machine and this host's ISA); its
         // initialisers only register the kernels it carries.
@@ -173,12 +204,25 @@ impl Graph {
         let create: CreateWithDevice = get(&library, "AOTInductorModelContainerCreateWithDevice")?;
         let api = Api {
             delete: get(&library, "AOTInductorModelContainerDelete")?,
+            // The C pairs API is newer than some runtimes (torch 2.11 has only
+            // the std::unordered_map one); either binds the same way.
             update_pairs: get(
                 &library,
                 "AOTInductorModelContainerUpdateConstantBufferPairs",
-            )?,
+            )
+            .ok(),
+            update_map: get(&library, "AOTInductorModelContainerUpdateConstantBuffer").ok(),
             run: get(&library, "AOTInductorModelContainerRun")?,
-            last_error: get(&library, "AOTInductorGetLastError")?,
+            // Older runtimes print their errors to stderr and export no getter.
+            last_error: get(&library, "AOTInductorGetLastError").ok(),
+        };
+        let cxx = match (api.update_pairs, api.update_map) {
+            (Some(_), _) => None,
+            (None, Some(_)) => Some(CxxAbi::open(torch.dir())?),
+            (None, None) => return Err(invalid(
+                "the graph's .so exports no way to bind constants (UpdateConstantBuffer[Pairs])"
+                    .into(),
+            )),
         };
         let num_constants: GetCount = get(&library, "AOTInductorModelContainerGetNumConstants")?;
         let constant_name: GetStr = get(&library, "AOTInductorModelContainerGetConstantName")?;
@@ -190,11 +234,23 @@ impl Graph {
         let num_outputs: GetCount = get(&library, "AOTInductorModelContainerGetNumOutputs")?;
         let call_spec: GetCallSpec = get(&library, "AOTInductorModelContainerGetCallSpec")?;
 
-        let device_c = CString::new(device).map_err(|_| invalid("device has a NUL".into()))?;
+        let device_c = CString::new(device.to_string()).expect("no NUL in a device name");
+        let cubin_dir = CString::new(extracted.dir().as_os_str().as_encoded_bytes())
+            .map_err(|_| invalid("the private directory's path has a NUL".into()))?;
+        let cubin_ptr = if device.is_cuda() {
+            cubin_dir.as_ptr()
+        } else {
+            std::ptr::null()
+        };
+        let _device_guard = match device {
+            Device::Cuda(i) => Some(torch.cuda()?.device_guard(i)?),
+            Device::Cpu => None,
+        };
         let mut container: Container = std::ptr::null_mut();
-        // SAFETY: one model; `device_c` is a NUL-terminated string that outlives
-        // the call; a null cubin directory is what a CPU graph takes.
-        let rc = unsafe { create(&mut container, 1, device_c.as_ptr(), std::ptr::null()) };
+        // SAFETY: one model; `device_c` and `cubin_dir` are NUL-terminated
+        // strings that outlive the call; a CUDA graph finds its kernels in the
+        // private directory the cubins were extracted to, a CPU graph takes none.
+        let rc = unsafe { create(&mut container, 1, device_c.as_ptr(), cubin_ptr) };
         if rc != 0 || container.is_null() {
             return Err(invalid(format!(
                 "cannot create the graph's container: {}",
@@ -206,6 +262,7 @@ impl Graph {
             torch,
             api,
             container,
+            device,
             constants: Vec::new(),
             rows: BTreeMap::new(),
             num_inputs: 0,
@@ -213,6 +270,7 @@ impl Graph {
             call_spec: (String::new(), String::new()),
             input_facts: None,
             lock: RwLock::new(()),
+            cxx,
             _library: library,
             _extracted: extracted,
         };
@@ -364,6 +422,27 @@ impl Graph {
     pub fn torch_dir(&self) -> &Path {
         self.torch.dir()
     }
+    /// libtorch, as loaded.
+    pub fn torch(&self) -> &Arc<Torch> {
+        &self.torch
+    }
+    /// The device the graph runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Bind through the `std::unordered_map` API even where the C pairs API
+    /// exists (what a runtime without the pairs API does; for tests).
+    #[doc(hidden)]
+    pub fn bind_through_std_map(&mut self) -> Result<()> {
+        if self.api.update_map.is_none() {
+            return Err(invalid(
+                "the graph's .so has no UpdateConstantBuffer".into(),
+            ));
+        }
+        self.cxx = Some(CxxAbi::open(self.torch.dir())?);
+        Ok(())
+    }
     /// The container's constants in index order.
     pub fn constants(&self) -> &[ContainerConstant] {
         &self.constants
@@ -435,8 +514,8 @@ impl Graph {
             ));
         }
 
-        // Check every constant, then describe each as a tensor over its mapped bytes.
-        let mut tensors: Vec<(&ContainerConstant, BorrowedTensor)> = Vec::new();
+        // Check every constant before anything is described to libtorch.
+        let mut checked: Vec<(&ContainerConstant, &[u8], Vec<i64>)> = Vec::new();
         for c in self.constants.iter().filter(|c| !c.from_folded) {
             let row = &self.rows[&c.fqn];
             let (file, entry) = match row.source {
@@ -456,15 +535,64 @@ impl Graph {
                     ),
                 ));
             }
-            let bytes = file.bytes(entry);
             let shape: Vec<i64> = entry.shape.iter().map(|&d| d as i64).collect();
-            // SAFETY: `bytes` holds exactly product(shape) * element size bytes
-            // (checked when the file was parsed; the dtype matches the row,
-            // whose dtype matches the container's). The mapping outlives every
-            // handle: the handles drop at the end of this function, after the
-            // container copied the bytes. libtorch only reads through it.
-            let t = unsafe {
-                BorrowedTensor::new(&self.torch, bytes.as_ptr() as *mut c_void, &shape, c.dtype)?
+            checked.push((c, file.bytes(entry), shape));
+        }
+        // On a GPU the mapped bytes go to one staging allocation first (the
+        // container refuses host tensors for device constants and copies from
+        // device memory into its own buffer); the staging memory is freed when
+        // this function returns, so binding does not keep a second copy.
+        let cuda = match self.device {
+            Device::Cuda(i) => Some((self.torch.cuda()?, i)),
+            Device::Cpu => None,
+        };
+        let _device_guard = match cuda {
+            Some((cuda, i)) => Some(cuda.device_guard(i)?),
+            None => None,
+        };
+        const ALIGN: usize = 256;
+        let mut offsets = Vec::with_capacity(checked.len());
+        let mut total = 0usize;
+        for (_, bytes, _) in &checked {
+            offsets.push(total);
+            total = total
+                .checked_add(bytes.len().div_ceil(ALIGN) * ALIGN)
+                .ok_or_else(|| invalid("the constants do not fit in memory".into()))?;
+        }
+        let staging = match cuda {
+            Some((cuda, _)) => Some(DeviceBuffer::new(cuda, total)?),
+            None => None,
+        };
+        let mut tensors: Vec<(&ContainerConstant, BorrowedTensor)> = Vec::new();
+        for ((c, bytes, shape), offset) in checked.iter().zip(offsets) {
+            let t = match &staging {
+                // SAFETY: `bytes` holds exactly product(shape) * element size
+                // bytes (checked when the file was parsed; the dtype matches the
+                // row, whose dtype matches the container's). The mapping outlives
+                // every handle: they drop at the end of this function, after the
+                // container copied the bytes. libtorch only reads through it.
+                None => unsafe {
+                    BorrowedTensor::new(
+                        &self.torch,
+                        bytes.as_ptr() as *mut c_void,
+                        shape,
+                        c.dtype,
+                        Device::Cpu,
+                    )?
+                },
+                // SAFETY: `offset + bytes.len()` lies inside the staging buffer
+                // (sized above); the buffer outlives every handle (dropped
+                // after `tensors`, declared before it).
+                Some(buffer) => unsafe {
+                    buffer.upload(offset, bytes)?;
+                    BorrowedTensor::new(
+                        &self.torch,
+                        buffer.ptr().add(offset).cast(),
+                        shape,
+                        c.dtype,
+                        self.device,
+                    )?
+                },
             };
             tensors.push((c, t));
         }
@@ -476,12 +604,29 @@ impl Graph {
             })
             .collect();
         let _exclusive = self.lock.write().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: `pairs` is an array of `pairs.len()` entries whose names and
-        // handles live until after the call; the container copies the data
-        // (not user-managed) and leaves the handles with us; the write lock
-        // keeps runs out while the active buffer changes.
-        let rc = unsafe {
-            (self.api.update_pairs)(self.container, pairs.as_ptr(), pairs.len(), false, true)
+        if let Some((cuda, _)) = cuda {
+            // Runs queued earlier may still read the active buffer on the GPU.
+            cuda.synchronize_device()?;
+        }
+        // The write lock keeps runs out while the active buffer changes.
+        let rc = match (self.api.update_pairs, &self.cxx) {
+            // SAFETY: `pairs` is an array of `pairs.len()` entries whose names
+            // and handles live until after the call; the container copies the
+            // data (not user-managed) and leaves the handles with us.
+            (Some(update), None) => unsafe {
+                update(self.container, pairs.as_ptr(), pairs.len(), false, true)
+            },
+            (_, Some(cxx)) => {
+                let entries: Vec<(&CString, *mut c_void)> =
+                    tensors.iter().map(|(c, t)| (&c.name, t.handle())).collect();
+                let map = cxx.map(&entries);
+                let update = self.api.update_map.expect("checked at load");
+                // SAFETY: `map` is a complete, read-only std::unordered_map in
+                // libstdc++'s layout (see `stdmap`) that outlives the call; the
+                // container only looks names up in it and copies the data.
+                unsafe { update(self.container, map.as_ptr(), false, true) }
+            }
+            (None, None) => unreachable!("refused at load"),
         };
         if rc != 0 {
             return Err(invalid(format!(
@@ -491,149 +636,12 @@ impl Graph {
         }
         Ok(())
     }
-
-    /// Run the graph on `inputs` and return its outputs, which the caller owns.
-    ///
-    /// # Safety
-    /// Each input's `data` must address `nbytes` readable bytes that stay
-    /// valid and unchanged until this call returns.
-    pub unsafe fn run(&self, inputs: &[Input]) -> Result<Vec<OwnedTensor>> {
-        if inputs.len() != self.num_inputs {
-            return Err(Error::new(
-                Code::RunCallInvalid,
-                format!(
-                    "the graph takes {} tensor inputs, got {}",
-                    self.num_inputs,
-                    inputs.len()
-                ),
-            ));
-        }
-        let mismatch = |m: String| Error::new(Code::RunInputMismatch, m);
-        let mut handles = Vec::with_capacity(inputs.len());
-        for (i, input) in inputs.iter().enumerate() {
-            let dtype = self.torch.dtype_by_name(&input.dtype).ok_or_else(|| {
-                mismatch(format!(
-                    "input {i} has dtype {:?}, which the native path does not pass",
-                    input.dtype
-                ))
-            })?;
-            if input.shape.len() > 64 || input.shape.iter().any(|&d| d < 0) {
-                return Err(mismatch(format!(
-                    "input {i} has an invalid shape {:?}",
-                    input.shape
-                )));
-            }
-            let need = input
-                .shape
-                .iter()
-                .try_fold(dtype.size, |n, &d| n.checked_mul(d as usize))
-                .ok_or_else(|| mismatch(format!("input {i} is too large")))?;
-            if need != input.nbytes {
-                return Err(Error::new(
-                    Code::RunInputLayout,
-                    format!(
-                        "input {i} is a buffer of {} bytes, its shape needs {need}",
-                        input.nbytes
-                    ),
-                ));
-            }
-            if let Some(facts) = &self.input_facts {
-                check_fact(i, input, &facts[i])?;
-            }
-            // SAFETY: the caller guarantees `data` addresses `nbytes` readable
-            // bytes for the duration of this call, and `nbytes` equals what the
-            // shape and dtype need.
-            handles.push(unsafe {
-                BorrowedTensor::new(&self.torch, input.data as *mut c_void, &input.shape, dtype)?
-            });
-        }
-        let mut raw: Vec<TensorHandle> =
-            handles.into_iter().map(BorrowedTensor::into_raw).collect();
-        let mut outputs: Vec<TensorHandle> = vec![std::ptr::null_mut(); self.num_outputs];
-        let _shared = self.lock.read().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: `raw` holds `num_inputs` live handles, which Run steals (the
-        // count was checked above, so the container's own count check cannot
-        // fail before it takes them); `outputs` has room for `num_outputs`
-        // handles that Run writes and we then own. Null stream and proxy
-        // executor are what a CPU graph takes.
-        let rc = unsafe {
-            (self.api.run)(
-                self.container,
-                raw.as_mut_ptr(),
-                raw.len(),
-                outputs.as_mut_ptr(),
-                outputs.len(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        };
-        let mut owned = Vec::with_capacity(outputs.len());
-        let mut failure = None;
-        for h in outputs {
-            if h.is_null() {
-                continue;
-            }
-            // SAFETY: Run handed this handle to us; it is owned exactly once here.
-            match unsafe { OwnedTensor::from_raw(Arc::clone(&self.torch), h) } {
-                Ok(t) => owned.push(t),
-                Err(e) => failure = failure.or(Some(e)),
-            }
-        }
-        if rc != 0 {
-            return Err(Error::new(
-                Code::RunExecutionFailed,
-                format!("the graph failed: {}", last_error(self.api.last_error)),
-            ));
-        }
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        if owned.len() != self.num_outputs {
-            return Err(Error::new(
-                Code::RunExecutionFailed,
-                format!(
-                    "the graph returned {} of its {} outputs",
-                    owned.len(),
-                    self.num_outputs
-                ),
-            ));
-        }
-        Ok(owned)
-    }
 }
 
-fn check_fact(i: usize, input: &Input, fact: &InputFact) -> Result<()> {
-    use crate::inputs::Dim;
-    let mismatch = |m: String| Error::new(Code::RunInputMismatch, format!("input {i}: {m}"));
-    if input.dtype != fact.dtype {
-        return Err(mismatch(format!(
-            "dtype is {}, the graph was compiled for {}",
-            input.dtype, fact.dtype
-        )));
-    }
-    if input.shape.len() != fact.dims.len() {
-        return Err(mismatch(format!(
-            "rank is {}, the graph was compiled for rank {}",
-            input.shape.len(),
-            fact.dims.len()
-        )));
-    }
-    for (k, (&size, dim)) in input.shape.iter().zip(&fact.dims).enumerate() {
-        // Only static sizes are checked here: a symbolic size's bounds in the
-        // wrapper come from inductor's shape environment, whose lower bound can
-        // be stricter than the exported range (it assumes sizes 0 and 1 are
-        // specialised away). The caller checks bounds against the call
-        // ingress when the artifact has one, else against these.
-        if matches!(*dim, Dim::Static(v) if v != size) {
-            return Err(mismatch(format!(
-                "dimension {k} is {size}, the graph accepts {dim:?}"
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn last_error(f: LastError) -> String {
+pub(crate) fn last_error(f: Option<LastError>) -> String {
+    let Some(f) = f else {
+        return "no error message (this runtime reports errors on stderr only)".into();
+    };
     let mut p: *const c_char = std::ptr::null();
     // SAFETY: writes one pointer to a thread-local string the runtime owns
     // until its next call on this thread; it is copied at once.

@@ -122,25 +122,64 @@ fn parse_function(index: usize, body: &str) -> Result<InputFact> {
     })
 }
 
+/// The start of every generated input check.
+const MARKER: &str = "static void check_input_";
+
 /// The input facts of a wrapper source, in input order; `None` when the
-/// source has no `check_input_<i>` functions at all.
+/// source has no `check_input_<i>` functions at all. Linear in the length of
+/// the source: one pass finds every function and every boundary, and each
+/// function body is parsed once, bodies never overlapping.
 pub fn input_facts(wrapper: &str) -> Result<Option<Vec<InputFact>>> {
-    let mut facts = Vec::new();
-    loop {
-        let marker = format!("static void check_input_{}(", facts.len());
-        let Some(at) = wrapper.find(&marker) else {
-            break;
-        };
-        let body = &wrapper[at + marker.len()..];
-        // The function ends where the next top-level definition begins.
-        let end = ["\nAOTI_NOINLINE", "\nstatic "]
+    input_facts_counted(wrapper).0
+}
+
+/// The bytes the input-check scan examines for `wrapper` (for the tests and
+/// the fuzz target that hold it linear).
+pub fn input_scan_work(wrapper: &str) -> u64 {
+    input_facts_counted(wrapper).1
+}
+
+fn input_facts_counted(wrapper: &str) -> (Result<Option<Vec<InputFact>>>, u64) {
+    let bytes = wrapper.as_bytes();
+    // Each search below is one linear pass over the text.
+    let mut work = 3 * bytes.len() as u64;
+    // Where each function's body starts, by input index (first definition
+    // wins), and where any definition starts.
+    let mut bodies: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+    let mut boundaries: Vec<usize> = Vec::new();
+    for at in memchr::memmem::find_iter(bytes, MARKER) {
+        boundaries.push(at);
+        let digits_at = at + MARKER.len();
+        let digits = bytes[digits_at..]
             .iter()
-            .filter_map(|m| body.find(m))
-            .min()
-            .unwrap_or(body.len());
-        facts.push(parse_function(facts.len(), &body[..end])?);
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        work += digits as u64 + 1;
+        let canonical = digits > 0 && (digits == 1 || bytes[digits_at] != b'0');
+        if !canonical || bytes.get(digits_at + digits) != Some(&b'(') {
+            continue;
+        }
+        let Ok(index) = wrapper[digits_at..digits_at + digits].parse::<usize>() else {
+            continue;
+        };
+        bodies.entry(index).or_insert(digits_at + digits + 1);
     }
-    Ok((!facts.is_empty()).then_some(facts))
+    // The function ends where the next top-level definition begins.
+    for m in ["\nAOTI_NOINLINE", "\nstatic "] {
+        boundaries.extend(memchr::memmem::find_iter(bytes, m));
+    }
+    boundaries.sort_unstable();
+    let mut facts = Vec::new();
+    while let Some(&start) = bodies.get(&facts.len()) {
+        let next = boundaries.partition_point(|&b| b < start);
+        let end = boundaries.get(next).copied().unwrap_or(bytes.len());
+        work += (end - start) as u64 * 4;
+        match parse_function(facts.len(), &wrapper[start..end]) {
+            Ok(f) => facts.push(f),
+            Err(e) => return (Err(e), work),
+        }
+    }
+    (Ok((!facts.is_empty()).then_some(facts)), work)
 }
 
 #[cfg(test)]
@@ -207,6 +246,28 @@ static bool _check_aoti_runtime_check_inputs_env() {
                     ],
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn the_scan_is_linear_in_the_number_of_functions() {
+        // Many definitions without any boundary between them: each body ends
+        // at the next definition, so the work stays proportional to the text.
+        let one = "static void check_input_0( int32_t a_expected_dtype = aoti_torch_dtype_bool(); if (1 != a_stride[0]) {} ";
+        let text = |n: usize| {
+            (0..n)
+                .map(|i| one.replace("_0(", &format!("_{i}(")))
+                .collect::<String>()
+        };
+        let (small, big) = (text(2000), text(4000));
+        let facts = input_facts(&big).unwrap().unwrap();
+        assert_eq!(facts.len(), 4000);
+        let (w1, w2) = (input_scan_work(&small), input_scan_work(&big));
+        assert!(w2 <= w1 * 2 + w1 / 10, "work {w1} -> {w2}");
+        assert!(
+            w2 <= 8 * big.len() as u64,
+            "work {w2} for {} bytes",
+            big.len()
         );
     }
 

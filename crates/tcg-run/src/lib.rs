@@ -6,18 +6,29 @@
 //! torch at build time), extracts the entry's `.so` into a private directory,
 //! creates the container, binds every constant by fqn from safetensors files
 //! after checking it against the artifact's constant table, and runs the graph
-//! on caller buffers, returning outputs the caller owns.
+//! on caller buffers, returning outputs the caller owns. CPU graphs run on
+//! host buffers; CUDA graphs (`sm_NN` artifacts) on device buffers of their
+//! device (host buffers are copied in), on the caller's stream, with
+//! `libtorch_cuda` and the CUDA runtime opened at run time too. Buffers cross
+//! in and out as DLPack tensors ([`dlpack`]) as well as raw addresses.
 //!
 //! Every failure is a [`tcg_core::Error`] with a stable `run.*` code.
 
 #![deny(missing_docs)]
 
+pub mod call;
+pub mod cuda;
+pub mod dlpack;
 pub mod extract;
 pub mod graph;
 pub mod inputs;
+pub mod serve;
+mod stdmap;
 pub mod torch;
 pub mod weights;
 
+pub use cuda::{Cuda, Device};
 pub use graph::{ContainerConstant, Graph, Input};
 pub use inputs::{Dim, InputFact};
+pub use serve::Served;
 pub use torch::{Dtype, OwnedTensor, Torch};

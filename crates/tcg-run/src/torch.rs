@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 use libloading::os::unix::{Library, Symbol, RTLD_GLOBAL, RTLD_NOW};
 use tcg_core::{Code, Error, Result};
 
+use crate::cuda::{Cuda, Device, CUDA};
+
 /// An `AtenTensorHandle`: an opaque pointer to a tensor owned by libtorch.
 pub type TensorHandle = *mut c_void;
 
@@ -34,6 +36,9 @@ type GetI64 = unsafe extern "C" fn(TensorHandle, *mut i64) -> i32;
 type GetI64Array = unsafe extern "C" fn(TensorHandle, *mut *mut i64) -> i32;
 type GetI32 = unsafe extern "C" fn(TensorHandle, *mut i32) -> i32;
 type Constant = unsafe extern "C" fn() -> i32;
+type EmptyStrided =
+    unsafe extern "C" fn(i64, *const i64, *const i64, i32, i32, i32, *mut TensorHandle) -> i32;
+type CopyInto = unsafe extern "C" fn(TensorHandle, TensorHandle, i32) -> i32;
 
 /// The dtypes the native path binds and runs, by inductor's short name, with
 /// their element sizes. The numeric code of each is asked from libtorch.
@@ -71,7 +76,12 @@ pub(crate) struct Shim {
     sizes: GetI64Array,
     strides: GetI64Array,
     dtype: GetI32,
+    device_type: GetI32,
+    device_index: GetI32,
+    empty_strided: EmptyStrided,
+    copy: CopyInto,
     pub(crate) device_cpu: i32,
+    pub(crate) device_cuda: i32,
 }
 
 /// libtorch, loaded from one directory.
@@ -151,6 +161,7 @@ impl Torch {
         let cpu = open("libtorch_cpu.so")?;
         let torch = open("libtorch.so")?;
         let device_cpu: Constant = symbol(&cpu, "aoti_torch_device_type_cpu")?;
+        let device_cuda: Constant = symbol(&cpu, "aoti_torch_device_type_cuda")?;
         let shim = Shim {
             create_from_blob: symbol(&cpu, "aoti_torch_create_tensor_from_blob")?,
             delete: symbol(&cpu, "aoti_torch_delete_tensor_object")?,
@@ -159,8 +170,14 @@ impl Torch {
             sizes: symbol(&cpu, "aoti_torch_get_sizes")?,
             strides: symbol(&cpu, "aoti_torch_get_strides")?,
             dtype: symbol(&cpu, "aoti_torch_get_dtype")?,
-            // SAFETY: `aoti_torch_device_type_cpu` takes nothing and returns an int32.
+            device_type: symbol(&cpu, "aoti_torch_get_device_type")?,
+            device_index: symbol(&cpu, "aoti_torch_get_device_index")?,
+            empty_strided: symbol(&cpu, "aoti_torch_empty_strided")?,
+            copy: symbol(&cpu, "aoti_torch_copy_")?,
+            // SAFETY: `aoti_torch_device_type_*` take nothing and return an int32.
             device_cpu: unsafe { device_cpu() },
+            // SAFETY: as above.
+            device_cuda: unsafe { device_cuda() },
         };
         let mut dtypes = Vec::with_capacity(DTYPES.len());
         for (name, size) in DTYPES {
@@ -198,6 +215,29 @@ impl Torch {
     pub(crate) fn shim(&self) -> &Shim {
         &self.shim
     }
+
+    /// libtorch's CUDA library and the CUDA runtime, opened on first use
+    /// (`libtorch_cuda.so` beside the other libraries); a torch without CUDA
+    /// support, or a machine without a usable device, is `run.device_mismatch`.
+    pub fn cuda(&self) -> Result<&'static Cuda> {
+        // One libtorch directory per process (see `open`), so one CUDA state.
+        match CUDA
+            .get_or_init(|| Cuda::open(&self.dir).map_err(|e| (e.code(), e.message().to_owned())))
+        {
+            Ok(cuda) => {
+                cuda.device_count()?;
+                Ok(cuda)
+            }
+            Err((code, message)) => Err(Error::new(*code, message.clone())),
+        }
+    }
+
+    fn device_code(&self, device: Device) -> (i32, i32) {
+        match device {
+            Device::Cpu => (self.shim.device_cpu, 0),
+            Device::Cuda(i) => (self.shim.device_cuda, i),
+        }
+    }
 }
 
 /// Row-major strides, in elements, of `shape`.
@@ -218,20 +258,22 @@ pub(crate) struct BorrowedTensor {
 }
 
 impl BorrowedTensor {
-    /// A CPU tensor over `data`, C-contiguous with `shape`.
+    /// A tensor over `data` on `device`, C-contiguous with `shape`.
     ///
     /// # Safety
     /// `data` must point to at least `product(shape) * dtype.size` readable
-    /// bytes that stay valid, and are not freed, for as long as libtorch may
-    /// read them through this handle (or any handle it derives from it).
+    /// bytes on `device` that stay valid, and are not freed, for as long as
+    /// libtorch may read them through this handle (or any handle derived from it).
     pub(crate) unsafe fn new(
         torch: &Torch,
         data: *mut c_void,
         shape: &[i64],
         dtype: Dtype,
+        device: Device,
     ) -> Result<BorrowedTensor> {
         let strides = contiguous_strides(shape);
         let shim = torch.shim();
+        let (device_type, device_index) = torch.device_code(device);
         let mut handle: TensorHandle = std::ptr::null_mut();
         // SAFETY: `shape` and `strides` are arrays of `shape.len()` int64s that
         // outlive the call; the caller guarantees `data` (see above). libtorch
@@ -244,8 +286,8 @@ impl BorrowedTensor {
                 strides.as_ptr(),
                 0,
                 dtype.code,
-                shim.device_cpu,
-                0,
+                device_type,
+                device_index,
                 &mut handle,
             )
         };
@@ -253,7 +295,7 @@ impl BorrowedTensor {
             return Err(Error::new(
                 Code::RunExecutionFailed,
                 format!(
-                    "libtorch could not describe a {} tensor of shape {shape:?}",
+                    "libtorch could not describe a {} tensor of shape {shape:?} on {device}",
                     dtype.name
                 ),
             ));
@@ -284,8 +326,9 @@ impl Drop for BorrowedTensor {
     }
 }
 
-/// A tensor the compiled graph returned; this value owns its handle and
-/// deletes it on drop, which frees the memory once no other reference holds it.
+/// A tensor the compiled graph returned (or this crate allocated); this value
+/// owns its handle and deletes it on drop, which frees the memory once no
+/// other reference holds it.
 pub struct OwnedTensor {
     torch: Arc<Torch>,
     handle: TensorHandle,
@@ -293,6 +336,8 @@ pub struct OwnedTensor {
     sizes: Vec<i64>,
     strides: Vec<i64>,
     data: *mut c_void,
+    device: Device,
+    stream: usize,
 }
 
 // SAFETY: the handle is a reference-counted libtorch tensor that this value
@@ -308,17 +353,23 @@ impl std::fmt::Debug for OwnedTensor {
             .field("dtype", &self.dtype.name)
             .field("sizes", &self.sizes)
             .field("strides", &self.strides)
+            .field("device", &self.device)
             .finish()
     }
 }
 
 impl OwnedTensor {
-    /// Take ownership of `handle`, an output the graph handed to its caller.
+    /// Take ownership of `handle`, a tensor whose pending work is queued on
+    /// `stream` (0 for a CPU tensor or the legacy default stream).
     ///
     /// # Safety
     /// `handle` must be a live tensor handle whose ownership passes to the
     /// returned value (no one else deletes it).
-    pub(crate) unsafe fn from_raw(torch: Arc<Torch>, handle: TensorHandle) -> Result<OwnedTensor> {
+    pub(crate) unsafe fn from_raw(
+        torch: Arc<Torch>,
+        handle: TensorHandle,
+        stream: usize,
+    ) -> Result<OwnedTensor> {
         let shim = *torch.shim();
         let fail = |what: &str| {
             Error::new(
@@ -331,7 +382,7 @@ impl OwnedTensor {
             handle,
             delete: shim.delete,
         };
-        let (mut dim, mut code) = (0i64, 0i32);
+        let (mut dim, mut code, mut device_type, mut device_index) = (0i64, 0i32, 0i32, 0i32);
         let mut data: *mut c_void = std::ptr::null_mut();
         let mut sizes: *mut i64 = std::ptr::null_mut();
         let mut strides: *mut i64 = std::ptr::null_mut();
@@ -343,6 +394,8 @@ impl OwnedTensor {
                 && (shim.data_ptr)(handle, &mut data) == 0
                 && (shim.sizes)(handle, &mut sizes) == 0
                 && (shim.strides)(handle, &mut strides) == 0
+                && (shim.device_type)(handle, &mut device_type) == 0
+                && (shim.device_index)(handle, &mut device_index) == 0
         };
         if !ok || !(0..=64).contains(&dim) || (dim > 0 && (sizes.is_null() || strides.is_null())) {
             return Err(fail("shape"));
@@ -350,6 +403,15 @@ impl OwnedTensor {
         let dtype = torch
             .dtype_by_code(code)
             .ok_or_else(|| fail(&format!("dtype (code {code} is not supported)")))?;
+        let device = if device_type == shim.device_cpu {
+            Device::Cpu
+        } else if device_type == shim.device_cuda {
+            Device::Cuda(device_index)
+        } else {
+            return Err(fail(&format!(
+                "device (type {device_type} is not supported)"
+            )));
+        };
         let copy = |p: *const i64| -> Vec<i64> {
             if dim == 0 {
                 return Vec::new();
@@ -367,7 +429,163 @@ impl OwnedTensor {
             sizes,
             strides,
             data,
+            device,
+            stream: if device.is_cuda() { stream } else { 0 },
         })
+    }
+
+    /// A new, uninitialised C-contiguous tensor on `device`, allocated by
+    /// libtorch (on CUDA: its caching allocator, ordered on `stream`).
+    pub fn empty(
+        torch: &Arc<Torch>,
+        shape: &[i64],
+        dtype: Dtype,
+        device: Device,
+        stream: usize,
+    ) -> Result<OwnedTensor> {
+        if shape.len() > 64 || shape.iter().any(|&d| d < 0) {
+            return Err(Error::new(
+                Code::RunInputMismatch,
+                format!("{shape:?} is not a tensor shape"),
+            ));
+        }
+        let strides = contiguous_strides(shape);
+        let (device_type, device_index) = torch.device_code(device);
+        let _guard = match device {
+            Device::Cuda(i) => Some(torch.cuda()?.stream_guard(stream, i)?),
+            Device::Cpu => None,
+        };
+        let mut handle: TensorHandle = std::ptr::null_mut();
+        // SAFETY: `shape` and `strides` are arrays of `shape.len()` int64s that
+        // outlive the call; the new handle is owned by the returned value.
+        let rc = unsafe {
+            (torch.shim.empty_strided)(
+                shape.len() as i64,
+                shape.as_ptr(),
+                strides.as_ptr(),
+                dtype.code,
+                device_type,
+                device_index,
+                &mut handle,
+            )
+        };
+        if rc != 0 || handle.is_null() {
+            return Err(Error::new(
+                Code::RunExecutionFailed,
+                format!(
+                    "libtorch could not allocate a {} tensor of shape {shape:?} on {device}",
+                    dtype.name
+                ),
+            ));
+        }
+        // SAFETY: a live handle just created, owned by nobody else.
+        unsafe { OwnedTensor::from_raw(Arc::clone(torch), handle, stream) }
+    }
+
+    /// A copy of `src` (a C-contiguous host buffer of `shape` and `dtype`) on
+    /// `device`, copied on `stream`; the call returns once the copy is done.
+    pub fn from_host(
+        torch: &Arc<Torch>,
+        src: &[u8],
+        shape: &[i64],
+        dtype: Dtype,
+        device: Device,
+        stream: usize,
+    ) -> Result<OwnedTensor> {
+        let need = shape.iter().try_fold(dtype.size, |n, &d| {
+            usize::try_from(d).ok().and_then(|d| n.checked_mul(d))
+        });
+        if need != Some(src.len()) {
+            return Err(Error::new(
+                Code::RunInputLayout,
+                format!(
+                    "a buffer of {} bytes cannot hold a {} tensor of shape {shape:?}",
+                    src.len(),
+                    dtype.name
+                ),
+            ));
+        }
+        let out = OwnedTensor::empty(torch, shape, dtype, device, stream)?;
+        // SAFETY: `src` holds exactly the bytes the shape needs (checked above)
+        // and lives until `copy_from` returns, which waits for the copy.
+        let host = unsafe {
+            BorrowedTensor::new(
+                torch,
+                src.as_ptr() as *mut c_void,
+                shape,
+                dtype,
+                Device::Cpu,
+            )?
+        };
+        out.copy_from(host.handle())?;
+        Ok(out)
+    }
+
+    /// Copy `src` (same shape and dtype, any device) into this tensor on its
+    /// stream; returns once the host may reuse `src`.
+    pub(crate) fn copy_from(&self, src: TensorHandle) -> Result<()> {
+        let _guard = match self.device {
+            Device::Cuda(i) => Some(self.torch.cuda()?.stream_guard(self.stream, i)?),
+            Device::Cpu => None,
+        };
+        // SAFETY: both handles are live; a blocking copy (non_blocking = 0)
+        // from pageable host memory returns after the source was read.
+        let rc = unsafe { (self.torch.shim.copy)(self.handle, src, 0) };
+        if rc != 0 {
+            return Err(Error::new(
+                Code::RunExecutionFailed,
+                format!("libtorch could not copy a tensor to {}", self.device),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A C-contiguous copy on `device`, ordered after the work queued on
+    /// this tensor's stream; returns once the copy is done when either side is
+    /// host memory (a device-to-device copy is queued on the stream).
+    pub fn copy_to(&self, device: Device) -> Result<OwnedTensor> {
+        let stream = if device.is_cuda() { self.stream } else { 0 };
+        let out = OwnedTensor::empty(&self.torch, &self.sizes, self.dtype, device, stream)?;
+        let _guard = match (self.device, device) {
+            (Device::Cuda(i), _) => Some(self.torch.cuda()?.stream_guard(self.stream, i)?),
+            (Device::Cpu, Device::Cuda(i)) => Some(self.torch.cuda()?.stream_guard(stream, i)?),
+            (Device::Cpu, Device::Cpu) => None,
+        };
+        // SAFETY: both handles are live; a blocking copy (non_blocking = 0).
+        let rc = unsafe { (self.torch.shim.copy)(out.handle, self.handle, 0) };
+        if rc != 0 {
+            return Err(Error::new(
+                Code::RunExecutionFailed,
+                format!(
+                    "libtorch could not copy a tensor from {} to {device}",
+                    self.device
+                ),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// The tensor's elements as C-contiguous host bytes (a device tensor is
+    /// copied after the work queued on its stream).
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        let host = self.copy_to(Device::Cpu)?;
+        // SAFETY: `host` is a fresh C-contiguous CPU tensor of `nbytes` bytes.
+        Ok(unsafe { std::slice::from_raw_parts(host.data as *const u8, host.nbytes()) }.to_vec())
+    }
+
+    /// Give the handle away (to a callee that steals it, as `Run` does with
+    /// its inputs).
+    pub(crate) fn into_handle(self) -> TensorHandle {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: each owned field is read out exactly once and dropped, so
+        // the libtorch reference and the vectors are released; `Drop` never
+        // runs (ManuallyDrop), so the handle is not deleted here.
+        unsafe {
+            drop(std::ptr::read(&me.torch));
+            drop(std::ptr::read(&me.sizes));
+            drop(std::ptr::read(&me.strides));
+        }
+        me.handle
     }
 
     /// The dtype.
@@ -382,9 +600,29 @@ impl OwnedTensor {
     pub fn strides(&self) -> &[i64] {
         &self.strides
     }
-    /// The address of the first element (valid while this value lives).
+    /// The address of the first element (valid while this value lives; a
+    /// device address for a CUDA tensor).
     pub fn data_ptr(&self) -> usize {
         self.data as usize
+    }
+    /// Where the memory is.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+    /// The CUDA stream its producing work was queued on (0: legacy default
+    /// stream, or a CPU tensor).
+    pub fn stream(&self) -> usize {
+        self.stream
+    }
+    /// The number of elements times the element size.
+    pub fn nbytes(&self) -> usize {
+        self.sizes
+            .iter()
+            .fold(self.dtype.size, |n, &d| n.saturating_mul(d.max(0) as usize))
+    }
+    /// libtorch, for the stream operations of a CUDA tensor.
+    pub fn torch(&self) -> &Arc<Torch> {
+        &self.torch
     }
 }
 

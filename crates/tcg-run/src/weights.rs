@@ -1,10 +1,19 @@
-//! Safetensors files, memory-mapped and checked against the constant table.
+//! Safetensors files, read into memory this process owns and checked against
+//! the constant table.
+//!
+//! The file is read with `read(2)`, not mapped: a mapping of a file that
+//! another process truncates or rewrites faults (`SIGBUS`) on the next touch
+//! of a vanished page and kills the process. Reading costs one copy from the
+//! page cache, which is small next to the container's own copy of every
+//! constant, and the buffer is dropped as soon as the constants are bound.
+//! A file that changes while it is read gives either a consistent read or a
+//! typed refusal (a header or tensor that no longer fits), never a crash.
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use safetensors::SafeTensors;
 use tcg_core::artifact::literals::dtype_by_code;
 use tcg_core::{Code, Error, Result};
@@ -20,10 +29,10 @@ pub struct Entry {
     range: std::ops::Range<usize>,
 }
 
-/// A memory-mapped safetensors file.
+/// A safetensors file read into an owned buffer.
 pub struct Mapped {
     path: PathBuf,
-    map: Mmap,
+    map: Vec<u8>,
 }
 
 impl std::fmt::Debug for Mapped {
@@ -33,16 +42,16 @@ impl std::fmt::Debug for Mapped {
 }
 
 impl Mapped {
-    /// Map `path`; a missing or unreadable file is an error of `code`.
+    /// Read `path`; a missing or unreadable file is an error of `code`.
     pub fn open(path: &Path, code: Code) -> Result<Mapped> {
-        let file = File::open(path)
+        let mut file = File::open(path)
             .map_err(|e| Error::new(code, format!("cannot open {}: {e}", path.display())))?;
-        // SAFETY: the mapping is read-only and private to this value. Another
-        // process truncating or rewriting the file while it is mapped would
-        // change or remove the bytes under us; weights are read once, copied
-        // into the graph's own buffers during binding, and unmapped right after.
-        let map = unsafe { Mmap::map(&file) }
-            .map_err(|e| Error::new(code, format!("cannot map {}: {e}", path.display())))?;
+        let hint = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let mut map = Vec::new();
+        map.try_reserve_exact(usize::try_from(hint).unwrap_or(0))
+            .map_err(|e| Error::new(code, format!("cannot read {}: {e}", path.display())))?;
+        file.read_to_end(&mut map)
+            .map_err(|e| Error::new(code, format!("cannot read {}: {e}", path.display())))?;
         Ok(Mapped {
             path: path.to_owned(),
             map,

@@ -28,7 +28,11 @@ fn torch() -> Arc<Torch> {
         "no libtorch at {} (run `make develop`, or set TCG_TORCH_LIB)",
         dir.display()
     );
-    Torch::open(&dir).expect("libtorch opens")
+    let torch = Torch::open(&dir).expect("libtorch opens");
+    // Opening libtorch_cuda registers its kernels with libtorch; every test
+    // waits for that here rather than racing it (one test opens CUDA).
+    let _ = torch.cuda();
+    torch
 }
 
 struct Unpacked {
@@ -60,6 +64,7 @@ fn load(u: &Unpacked) -> tcg_core::Result<Graph> {
         &u.path.join("model.pt2"),
         ENTRY,
         "cpu",
+        u.metadata.sm(),
         u.metadata.constants().to_vec(),
     )
 }
@@ -91,6 +96,7 @@ fn call(graph: &Graph, x: &[f32], shape: &[i64]) -> tcg_core::Result<Vec<f32>> {
         nbytes: std::mem::size_of_val(x),
         dtype: "float32".into(),
         shape: shape.to_vec(),
+        device: tcg_run::Device::Cpu,
     };
     // SAFETY: `x` is a live slice of exactly `nbytes` bytes for the whole call.
     let out = unsafe { graph.run(&[input]) }?;
@@ -186,6 +192,7 @@ fn wrong_inputs_are_refused_before_the_container_runs() {
         nbytes: 512,
         dtype: "int64".into(),
         shape: vec![4, 16],
+        device: tcg_run::Device::Cpu,
     };
     // SAFETY: `ints` holds 512 bytes for the whole call.
     assert_eq!(
@@ -204,17 +211,34 @@ fn a_constant_table_that_disagrees_with_the_package_is_refused() {
     let u = reference();
     let mut rows = u.metadata.constants().to_vec();
     rows.pop();
-    let err = Graph::load(torch(), &u.path.join("model.pt2"), ENTRY, "cpu", rows).unwrap_err();
+    let err = Graph::load(
+        torch(),
+        &u.path.join("model.pt2"),
+        ENTRY,
+        "cpu",
+        u.metadata.sm(),
+        rows,
+    )
+    .unwrap_err();
     assert_eq!(err.code(), Code::RunPackageInvalid);
     let mut rows = u.metadata.constants().to_vec();
     rows[0].dtype = "float16".into();
-    let err = Graph::load(torch(), &u.path.join("model.pt2"), ENTRY, "cpu", rows).unwrap_err();
+    let err = Graph::load(
+        torch(),
+        &u.path.join("model.pt2"),
+        ENTRY,
+        "cpu",
+        u.metadata.sm(),
+        rows,
+    )
+    .unwrap_err();
     assert_eq!(err.code(), Code::RunPackageInvalid);
     let err = Graph::load(
         torch(),
         &u.path.join("model.pt2"),
         "model/other",
         "cpu",
+        u.metadata.sm(),
         u.metadata.constants().to_vec(),
     )
     .unwrap_err();
@@ -224,10 +248,12 @@ fn a_constant_table_that_disagrees_with_the_package_is_refused() {
         &u.path.join("model.pt2"),
         ENTRY,
         "cuda",
+        u.metadata.sm(),
         u.metadata.constants().to_vec(),
     )
     .unwrap_err();
-    assert_eq!(err.code(), Code::RunNativeUnsupported);
+    // A CPU artifact cannot run on a GPU, whatever the machine has.
+    assert_eq!(err.code(), Code::RunDeviceMismatch);
 }
 
 #[test]
@@ -311,4 +337,97 @@ fn a_second_libtorch_directory_is_refused() {
         Torch::open(missing).unwrap_err().code(),
         Code::RunTorchNotFound
     );
+}
+
+#[test]
+fn without_a_usable_gpu_cuda_is_refused_as_a_device_mismatch() {
+    // This machine's torch has CUDA support but no device is visible (CI and
+    // the development machine); on a GPU machine the CUDA suite covers the rest.
+    let torch = torch();
+    if !torch.dir().join("libtorch_cuda.so").is_file() {
+        let err = torch.cuda().unwrap_err();
+        assert_eq!(err.code(), Code::RunDeviceMismatch);
+        return;
+    }
+    match torch.cuda() {
+        Ok(cuda) => {
+            // A GPU is visible: its capability is readable and a bad index refused.
+            let (major, _) = cuda.capability(0).unwrap();
+            assert!(major >= 3);
+            assert_eq!(
+                cuda.capability(4096).unwrap_err().code(),
+                Code::RunDeviceMismatch
+            );
+        }
+        Err(err) => {
+            assert_eq!(err.code(), Code::RunDeviceMismatch, "{err}");
+            assert!(err.message().contains("CUDA is not available"), "{err}");
+        }
+    }
+    let u = reference();
+    let err = Graph::load(
+        torch,
+        &u.path.join("model.pt2"),
+        ENTRY,
+        "cuda:0",
+        "sm_90",
+        u.metadata.constants().to_vec(),
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), Code::RunDeviceMismatch);
+}
+
+#[test]
+fn binding_through_the_std_map_api_gives_the_same_graph() {
+    // torch 2.11's runtime has no C pairs API for constants, only the one
+    // taking a std::unordered_map; this runtime has both, so the map path is
+    // forced and must bind (and rebind) exactly as the pairs path does.
+    let u = reference();
+    let pairs = load(&u).unwrap();
+    let mut mapped = load(&u).unwrap();
+    mapped.bind_through_std_map().unwrap();
+    let weights = fixture("mlp-cpu.weights.safetensors");
+    pairs.bind(&weights, None).unwrap();
+    mapped.bind(&weights, None).unwrap();
+    let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+    let want = call(&pairs, &x, &[4, 16]).unwrap();
+    assert_eq!(call(&mapped, &x, &[4, 16]).unwrap(), want);
+    // A rebind with changed values changes the output through the map too.
+    let dir = tempfile::tempdir().unwrap();
+    let mut tensors = read_f32(&weights);
+    for v in &mut tensors.get_mut("l2.bias").unwrap().1 {
+        *v += 1.0;
+    }
+    let changed = dir.path().join("w.safetensors");
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(k, (shape, v))| {
+            (
+                k.clone(),
+                shape.clone(),
+                v.iter().flat_map(|f| f.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
+        .iter()
+        .map(|(k, shape, b)| {
+            (
+                k.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &changed).unwrap();
+    mapped.bind(&changed, None).unwrap();
+    let moved = call(&mapped, &x, &[4, 16]).unwrap();
+    for (m, w) in moved.iter().zip(&want) {
+        assert!((m - (w + 1.0)).abs() < 1e-5, "{m} vs {w} + 1");
+    }
+    // Constants missing from the map are refused by the checks before it is built.
+    let err = mapped
+        .bind(&fixture("mlp-cpu.io.safetensors"), None)
+        .unwrap_err();
+    assert_eq!(err.code(), Code::RunConstantMissing);
 }

@@ -208,6 +208,11 @@ pub fn literal_values() -> String {
 }
 
 pub fn metadata(table: &[WrapperConstant], literals: bool) -> Metadata {
+    metadata_sm(table, literals, "sm_89")
+}
+
+/// [`metadata`] for another `sm` (a CPU one, say).
+pub fn metadata_sm(table: &[WrapperConstant], literals: bool, sm: &str) -> Metadata {
     let mut graph = parse(r#"{"constant_fqns":[],"lifted_inputs":[],"pytree":{"in":"leaf","out":"leaf"},"specialization":{},"v":3}"#)
         .as_object()
         .unwrap()
@@ -238,7 +243,7 @@ pub fn metadata(table: &[WrapperConstant], literals: bool) -> Metadata {
     .unwrap();
     let rows: Vec<ConstantRow> = table.iter().map(WrapperConstant::row).collect();
     let toolchain = parse(r#"{"torch":"record-digest","triton":"compiler-digest"}"#);
-    build_metadata(&decl, &rows, "sm_89", &toolchain, &host_v3()).unwrap()
+    build_metadata(&decl, &rows, sm, &toolchain, &host_v3()).unwrap()
 }
 
 // ---------------------------------------------------------- envelopes ----

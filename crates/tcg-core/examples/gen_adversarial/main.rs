@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 
 use tcg_cj::{Map, Value};
 
+#[path = "bounds_cases.rs"]
+pub mod bounds_cases;
 #[path = "content_cases.rs"]
 mod content_cases;
 #[path = "envelope_cases.rs"]
@@ -62,7 +64,13 @@ pub fn cases() -> Vec<Case> {
     );
     envelope_cases::cases(&b, &mut add);
     content_cases::cases(&b, &mut add);
+    bounds_cases::cases(&b, &mut add);
     out
+}
+
+/// The large shapes, made at test time and never written to the corpus.
+pub fn generated_cases() -> Vec<Case> {
+    bounds_cases::generated(&bases())
 }
 
 /// The index: `[{"code", "file", "what"}]` of the refused files, as CJ.

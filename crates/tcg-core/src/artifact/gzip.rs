@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 
 use flate2::{Compress, Compression, Crc, Decompress, FlushCompress, FlushDecompress, Status};
 
-use super::limits::MAX_TAR_BYTES;
+use super::limits::{inflation_cap, MAX_INFLATION_RATIO, MAX_TAR_BYTES};
 use crate::error::{Code, Error, Result};
 
 /// The exact 10-byte header the writer emits: CM 8, FLG 0, MTIME 0, XFL 2,
@@ -168,7 +168,19 @@ impl<R: Read> GzipReader<R> {
             let status = self
                 .inflate
                 .decompress(&self.buf[self.pos..self.len], out, FlushDecompress::None)
-                .map_err(|e| gzip_invalid(format_args!("deflate error: {e}")))?;
+                .map_err(|e| {
+                    // The inflater could not allocate its window: a failure
+                    // of this process, not evidence about the envelope.
+                    if e.to_string().contains("insufficient memory") {
+                        Error::io_code(
+                            Code::IoError,
+                            Some(libc::ENOMEM),
+                            format!("cannot inflate the envelope: {e}"),
+                        )
+                    } else {
+                        gzip_invalid(format_args!("deflate error: {e}"))
+                    }
+                })?;
             let consumed = (self.inflate.total_in() - in0) as usize;
             let produced = (self.inflate.total_out() - out0) as usize;
             self.pos += consumed;
@@ -181,6 +193,20 @@ impl<R: Read> GzipReader<R> {
                     return Err(Error::new(
                         Code::ArtifactDecompressedTooLarge,
                         format!("envelope decompresses to more than {} bytes", self.limit),
+                    ));
+                }
+                // Checked as the stream goes, against the compressed bytes
+                // consumed so far, so a bomb stops after a bounded amount of
+                // output whatever its length.
+                let consumed_in = self.inflate.total_in() + 10;
+                if self.out_total > inflation_cap(consumed_in) {
+                    return Err(Error::new(
+                        Code::ArtifactInflationRatio,
+                        format!(
+                            "envelope inflated to {} bytes from {consumed_in} compressed bytes, over the cap of {} (the allowance plus {MAX_INFLATION_RATIO}:1)",
+                            self.out_total,
+                            inflation_cap(consumed_in)
+                        ),
                     ));
                 }
                 self.crc.update(&out[..produced]);

@@ -25,6 +25,34 @@ pub const MAX_ARCHIVE_BYTES: u64 = MAX_MEMBER_BYTES + MAX_MEMBER_BYTES / 100 + 1
 /// Largest safetensors header of the literal payload (8 MiB).
 pub const MAX_SAFETENSORS_HEADER_BYTES: u64 = 8_388_608;
 
+// Resource bounds of the verifiers (project additions to SPEC-v1 §6.5; see
+// docs/FORMAT.md "Resource bounds"). Every verifier's memory is bounded by
+// these constants and its time is linear in the bytes it reads.
+
+/// Bytes any stream may inflate to before the ratio cap applies (64 MiB).
+pub const INFLATION_ALLOWANCE_BYTES: u64 = 64 << 20;
+/// Largest ratio of inflated to compressed bytes past the allowance: the
+/// envelope's decompressed tar stream may hold at most
+/// `INFLATION_ALLOWANCE_BYTES + MAX_INFLATION_RATIO × compressed bytes read`
+/// (`artifact.inflation_ratio`), and so may the package members the verifier
+/// reads, against their stored (compressed) sizes.
+pub const MAX_INFLATION_RATIO: u64 = 64;
+/// Most entries a package zip may list (`artifact.package_too_many_entries`).
+pub const MAX_PACKAGE_ENTRIES: u64 = 65_535;
+/// Most bytes the zip reader may read while opening a package (the central
+/// directory and the end records), which bounds the entries it parses
+/// whichever end record it settles on (16 MiB).
+pub const MAX_CENTRAL_DIRECTORY_BYTES: u64 = 16 << 20;
+/// Largest `*.wrapper.cpp` member, held in memory to scan (64 MiB).
+pub const MAX_WRAPPER_BYTES: u64 = 64 << 20;
+/// Largest `*.cubin` member, held in memory to check (64 MiB).
+pub const MAX_CUBIN_BYTES: u64 = 64 << 20;
+
+/// The most inflated bytes allowed after `compressed` bytes of input.
+pub fn inflation_cap(compressed: u64) -> u64 {
+    INFLATION_ALLOWANCE_BYTES.saturating_add(MAX_INFLATION_RATIO.saturating_mul(compressed))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@
 use std::ffi::CString;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -92,24 +92,94 @@ pub struct Temp {
     path: PathBuf,
     dir: bool,
     armed: bool,
+    /// A stage directory's own descriptor, `flock`ed exclusively while this
+    /// process lives: how a later operation tells a live stage from a dead one.
+    _lock: Option<File>,
+    /// The mode the stage gets just before it is published (it is 0700 while
+    /// it is filled, so no other user can reach what is being staged).
+    final_mode: u32,
+}
+
+/// The infix of stage directory names: `.<name>.tcg-stage.<random>`.
+const STAGE_INFIX: &str = ".tcg-stage.";
+
+fn flock_nb(f: &File) -> bool {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: flock on a descriptor we own.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+fn open_dir_nofollow(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(path)
+}
+
+fn same_inode(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+/// Remove the stages that killed processes left beside `dest`: every
+/// `.<name>.tcg-stage.*` directory owned by this user whose `flock` can be
+/// taken (its creator holds it for its whole life, so only a dead creator's
+/// stage is free). Never by age; never through a symlink. Returns how many
+/// were removed. Best effort: a stage that cannot be inspected stays.
+pub fn reap_dead_stages(dest: &Path) -> usize {
+    let Ok((parent, name)) = split_destination(dest) else {
+        return 0;
+    };
+    let prefix = format!(".{name}{STAGE_INFIX}");
+    let Ok(entries) = std::fs::read_dir(&parent) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(before) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid cannot fail.
+        if !before.file_type().is_dir() || before.uid() != unsafe { libc::geteuid() } {
+            continue;
+        }
+        let Ok(dir) = open_dir_nofollow(&path) else {
+            continue;
+        };
+        if !flock_nb(&dir) {
+            continue; // alive
+        }
+        // Still the directory whose lock we hold (not renamed and replaced).
+        match (dir.metadata(), std::fs::symlink_metadata(&path)) {
+            (Ok(held), Ok(now)) if same_inode(&held, &now) => {}
+            _ => continue,
+        }
+        // std's remove_dir_all never follows symlinks inside the tree.
+        if std::fs::remove_dir_all(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 impl Temp {
-    /// A fresh stage directory `.<name>.<random>` beside `dest` (parents
-    /// created), mode 0755 & ~umask.
+    /// A fresh stage directory `.<name>.tcg-stage.<random>` beside `dest`
+    /// (parents created), mode 0700 while it is filled, `flock`ed while this
+    /// process lives. Dead stages of the same destination (left by a killed
+    /// process) are removed first. On publication it gets mode 0755 & ~umask.
     pub fn stage_dir(dest: &Path) -> Result<Temp> {
         let (parent, name) = split_destination(dest)?;
         create_parents(&parent)?;
+        reap_dead_stages(dest);
         loop {
-            let path = parent.join(format!(".{name}.{}", random_suffix()));
+            let path = parent.join(format!(".{name}{STAGE_INFIX}{}", random_suffix()));
             match DirBuilder::new().mode(DIR_MODE).create(&path) {
-                Ok(()) => {
-                    return Ok(Temp {
-                        path,
-                        dir: true,
-                        armed: true,
-                    })
-                }
+                Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => {
                     return Err(Error::io(
@@ -118,7 +188,48 @@ impl Temp {
                     ))
                 }
             }
+            let io = |e: std::io::Error| {
+                Error::io(format_args!("cannot lock stage {}", path.display()), &e)
+            };
+            let lock = match open_dir_nofollow(&path) {
+                Ok(f) => f,
+                // Removed by a reaper that took it for dead before we locked it.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io(e)),
+            };
+            if !flock_nb(&lock) {
+                continue; // a reaper holds it and will remove it
+            }
+            match std::fs::symlink_metadata(&path) {
+                Ok(now) if same_inode(&lock.metadata().map_err(io)?, &now) => {}
+                _ => continue,
+            }
+            // DIR_MODE & ~umask is the published mode; private until then.
+            let final_mode = lock.metadata().map_err(io)?.permissions().mode() & 0o7777;
+            lock.set_permissions(std::fs::Permissions::from_mode(0o700))
+                .map_err(io)?;
+            return Ok(Temp {
+                path,
+                dir: true,
+                armed: true,
+                _lock: Some(lock),
+                final_mode,
+            });
         }
+    }
+
+    /// Give a stage directory the mode it is published with: `mode` when
+    /// given (the mode of a directory the caller created for it), else
+    /// 0755 & ~umask.
+    pub fn set_final_mode(&mut self, mode: Option<u32>) -> Result<()> {
+        let mode = mode.unwrap_or(self.final_mode);
+        std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| Error::io(format_args!("cannot chmod {}", self.path.display()), &e))
+    }
+
+    /// Disarm after the stage was renamed into place by the caller.
+    pub fn disarm(&mut self) {
+        self.armed = false;
     }
 
     /// A fresh temp file `.<name>.<random>` beside `dest`, mode 0644 &
@@ -140,6 +251,8 @@ impl Temp {
                             path,
                             dir: false,
                             armed: true,
+                            _lock: None,
+                            final_mode: FILE_MODE,
                         },
                         f,
                     ))
@@ -164,6 +277,7 @@ impl Temp {
     /// fsync the parent.
     pub fn publish_dir(mut self, dest: &Path) -> Result<()> {
         debug_assert!(self.dir);
+        self.set_final_mode(None)?;
         rename_noreplace(&self.path, dest)?;
         self.armed = false;
         fsync_parent(dest)

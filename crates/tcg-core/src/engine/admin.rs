@@ -3,6 +3,7 @@
 
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 
 use tcg_cas::{FsckOptions, GcOptions, GRAPH_REF_PREFIX};
@@ -77,12 +78,19 @@ impl Engine {
     /// Add one to a counter. Best effort: statistics never fail an operation.
     pub(crate) fn count(&self, counter: Counter) {
         let _ = (|| -> std::io::Result<()> {
+            // Never through a symlink, never a FIFO, never writable by others.
             let mut f = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
                 .open(self.counters_path())?;
+            let md = f.metadata()?;
+            if !md.is_file() || md.mode() & 0o022 != 0 {
+                return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+            }
             // SAFETY: flock on a valid open descriptor; released when `f` closes.
             if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -98,7 +106,18 @@ impl Engine {
     }
 
     fn counter_values(&self) -> Vec<(&'static str, u64)> {
-        let bytes = std::fs::read(self.counters_path()).unwrap_or_default();
+        let bytes = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(self.counters_path())
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+            .map(|f| {
+                let mut b = Vec::new();
+                let _ = f.take(64).read_to_end(&mut b);
+                b
+            })
+            .unwrap_or_default();
         COUNTERS
             .iter()
             .map(|(c, name)| {
@@ -129,10 +148,13 @@ impl Engine {
             let Some(m) = tcg_cas::Digest::from_hex(m) else {
                 continue;
             };
-            let current = self
-                .store
-                .get_ref(&super::graph_ref(key))
-                .map_err(store_err)?;
+            // An unreadable graph ref serves nothing: its copies are stale
+            // (GC then reports the record itself).
+            let current = match self.store.get_ref(&super::graph_ref(key)) {
+                Ok(c) => c,
+                Err(e @ tcg_cas::StoreError::Io { .. }) => return Err(store_err(e)),
+                Err(_) => None,
+            };
             let serving = current.is_some_and(|t| t.digest == m)
                 && self.quarantine_marker(key, &m)?.is_none();
             if !serving && dropped.insert((key.to_string(), m)) {
@@ -190,6 +212,7 @@ impl Engine {
     /// the least recently resolved graph refs, until the store fits.
     pub fn gc(&self, max_bytes: Option<u64>) -> Result<Value> {
         let stale = self.drop_stale_admitted()?;
+        let stale_lines = self.drop_stale_witness_lines()?;
         let pass = |prefix: &str| {
             self.store
                 .gc(&GcOptions {
@@ -205,8 +228,9 @@ impl Engine {
             r = pass(GRAPH_REF_PREFIX)?;
             r.freed_objects += first.freed_objects;
             r.freed_bytes += first.freed_bytes;
-            // Admitted copies of evicted graphs are stale now.
+            // Admitted copies and kept lines of evicted graphs are stale now.
             self.drop_stale_admitted()?;
+            self.drop_stale_witness_lines()?;
         }
         let evicted: Vec<Value> = r
             .evicted_refs
@@ -221,6 +245,7 @@ impl Engine {
             ("freed_bytes", int(r.freed_bytes)),
             ("evicted_keys", Value::Array(evicted)),
             ("stale_admitted_copies", int(stale)),
+            ("stale_witness_lines", int(stale_lines)),
             ("reaped_leases", int(r.reaped_leases)),
             ("reaped_temps", int(r.reaped_temps)),
         ]))

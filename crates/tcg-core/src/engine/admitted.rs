@@ -10,9 +10,11 @@
 //! the admitted copy is derived, and is dropped rather than quarantined when
 //! anything about it is wrong.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use tcg_cas::{CasOutcome, Digest, Lease, Target};
+use tcg_cas::{CasOutcome, Digest, Lease, RefKind, Target};
+use tcg_cj::{Map, Value};
 
 use super::destination::{prepare_directory_destination, publish_stage};
 use super::{graph_ref, store_err, Engine, Request, Resolved};
@@ -24,6 +26,30 @@ use crate::{Code, Error, Result};
 pub const ADMITTED_REF_PREFIX: &str = "torch-compiled-graphs/v1/admitted/";
 
 const MEMBERS: [&str; 3] = [METADATA_MEMBER, PACKAGE_MEMBER, LITERALS_MEMBER];
+
+/// The last component of the binding record's ref (not a member name).
+const RECORD: &str = "record";
+
+/// Binding records are small; anything longer is not one.
+const MAX_RECORD_BYTES: u64 = 64 * 1024;
+
+/// The binding record of (key, envelope manifest): CJ of
+/// `{"format":1,"key":…,"manifest":"sha256:…","members":{<member>:"sha256:<member manifest>"}}`.
+/// Written last, at admission, and compared byte for byte on every use, so a
+/// member ref re-pointed at any other object, or a record of another
+/// (key, envelope), is never served.
+fn record_bytes(key: &str, m: &Digest, members: &[(&str, Target)]) -> Vec<u8> {
+    let mut mm = Map::new();
+    for (name, t) in members {
+        mm.insert((*name).to_string(), Value::Str(t.digest.to_prefixed()));
+    }
+    let mut o = Map::new();
+    o.insert("format".into(), Value::Int(1));
+    o.insert("key".into(), Value::Str(key.into()));
+    o.insert("manifest".into(), Value::Str(m.to_prefixed()));
+    o.insert("members".into(), Value::Object(mm));
+    tcg_cj::to_canonical(&Value::Object(o)).expect("a binding record is plain strings")
+}
 
 /// The admitted-copy ref of one member of (key, envelope manifest).
 pub fn admitted_ref(key: &str, manifest: &Digest, member: &str) -> String {
@@ -55,6 +81,45 @@ enum Copy {
 /// bytes written, chunk by chunk, against their digests
 /// ([`tcg_cas::Store::copy_verified_into`]). The stage is derived data: it is
 /// not fsynced (SPEC-v1 §14 rule 4).
+impl Engine {
+    /// A stored file of at most the metadata limit, read whole and verified.
+    /// `Ok(None)` when its stored bytes are wrong or it is too long.
+    fn read_small_file(&self, lease: &Lease, manifest: &Digest) -> Result<Option<Vec<u8>>> {
+        use std::io::Read;
+        let reader = match self.store.open_file(lease, manifest, true) {
+            Ok(r) => r,
+            Err(e @ tcg_cas::StoreError::Io { .. }) => return Err(store_err(e)),
+            Err(_) => return Ok(None),
+        };
+        if reader.manifest().size > crate::artifact::MAX_METADATA_BYTES {
+            return Ok(None);
+        }
+        let mut bytes = Vec::new();
+        match reader
+            .take(crate::artifact::MAX_METADATA_BYTES)
+            .read_to_end(&mut bytes)
+        {
+            Ok(_) => Ok(Some(bytes)),
+            Err(e) => match tcg_cas::store_error_of(&e) {
+                Some(se) if se.is_bad_stored_bytes() => Ok(None),
+                _ => Err(Error::io("cannot read the admitted metadata", &e)),
+            },
+        }
+    }
+}
+
+/// Create `path` (mode 0644 & ~umask, never an existing entry) holding `bytes`.
+pub(crate) fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(crate::artifact::publish::FILE_MODE)
+        .open(path)
+        .and_then(|mut f| f.write_all(bytes))
+        .map_err(|e| Error::io(format_args!("cannot write {}", path.display()), &e))
+}
+
 fn copy_member(
     engine: &Engine,
     lease: &Lease,
@@ -65,6 +130,7 @@ fn copy_member(
         .read(true)
         .write(true)
         .create_new(true)
+        .mode(crate::artifact::publish::FILE_MODE)
         .open(dest)
         .map_err(|e| {
             Copy::Failed(Error::io(
@@ -81,8 +147,10 @@ fn copy_member(
 
 impl Engine {
     /// Record the verified members in `stage` as the admitted copy of (key, m).
-    /// The payload ref is written before the metadata ref, which is written
-    /// last: a reader that finds the metadata ref finds the whole copy.
+    /// `stage` must be private to the store (a [`super::StoreStage`] in its
+    /// `tmp/`): what is stored is read from there. The payload ref is written
+    /// before the metadata ref, and the binding record last: a reader that
+    /// finds the record finds the whole copy.
     pub(crate) fn record_admitted(
         &self,
         lease: &Lease,
@@ -90,24 +158,67 @@ impl Engine {
         m: &Digest,
         stage: &Path,
     ) -> Result<()> {
+        let mut members = Vec::new();
         for member in [LITERALS_MEMBER, PACKAGE_MEMBER, METADATA_MEMBER] {
             let path = stage.join(member);
             if !path.exists() {
                 continue;
             }
             let info = self.store.ingest_file(lease, &path).map_err(store_err)?;
-            set_ref(
-                self,
-                &admitted_ref(key, m, member),
-                Target::manifest(info.manifest),
-            )?;
+            let t = Target::manifest(info.manifest);
+            set_ref(self, &admitted_ref(key, m, member), t)?;
+            members.push((member, t));
         }
-        Ok(())
+        members.sort_by(|a, b| a.0.cmp(b.0));
+        let record = self
+            .store
+            .put_bytes(lease, &record_bytes(key, m, &members))
+            .map_err(store_err)?;
+        set_ref(self, &admitted_ref(key, m, RECORD), Target::object(record))
+    }
+
+    /// The members of the admitted copy of (key, m), their closures pinned,
+    /// if the binding record restates exactly these member refs. `None` when
+    /// there is no complete, bound copy (the caller drops it and reads the
+    /// envelope).
+    fn bound_members(
+        &self,
+        lease: &Lease,
+        key: &str,
+        m: &Digest,
+    ) -> Result<Option<Vec<(&'static str, Target)>>> {
+        let pin = |name: &str| match self.store.pin_ref(lease, name) {
+            Ok(t) => Ok(t),
+            Err(e @ tcg_cas::StoreError::Io { .. }) => Err(store_err(e)),
+            Err(_) => Ok(None),
+        };
+        let Some(rec) = pin(&admitted_ref(key, m, RECORD))? else {
+            return Ok(None);
+        };
+        if rec.kind != RefKind::Object {
+            return Ok(None);
+        }
+        let mut members = Vec::new();
+        for member in MEMBERS {
+            match pin(&admitted_ref(key, m, member))? {
+                Some(t) if t.kind == RefKind::Manifest => members.push((member, t)),
+                Some(_) => return Ok(None),
+                None if member == LITERALS_MEMBER => {}
+                None => return Ok(None),
+            }
+        }
+        members.sort_by(|a, b| a.0.cmp(b.0));
+        let bytes = match self.store.read_object(lease, &rec.digest, MAX_RECORD_BYTES) {
+            Ok(b) => b,
+            Err(e @ tcg_cas::StoreError::Io { .. }) => return Err(store_err(e)),
+            Err(_) => return Ok(None),
+        };
+        Ok((bytes == record_bytes(key, m, &members)).then_some(members))
     }
 
     /// Remove the admitted copy of (key, m); bytes become garbage.
     pub(crate) fn drop_admitted(&self, key: &str, m: &Digest) {
-        for member in MEMBERS {
+        for member in [RECORD, METADATA_MEMBER, PACKAGE_MEMBER, LITERALS_MEMBER] {
             let name = admitted_ref(key, m, member);
             if let Ok(Some(t)) = self.store.get_ref(&name) {
                 let _ = self.store.compare_and_swap(&name, Some(&t), None);
@@ -128,39 +239,25 @@ impl Engine {
         request: Option<&Request>,
         host: &crate::host_isa::HostFacts,
     ) -> Result<Option<Resolved>> {
-        let mut targets = Vec::new();
-        for member in MEMBERS {
-            let name = admitted_ref(key, m, member);
-            // Pin the member's manifest; its chunks are pinned by the verified
-            // reader. Should the ref vanish meanwhile (a GC dropping a stale
-            // copy), the read fails and the envelope serves instead.
-            match self.store.get_ref(&name) {
-                Ok(Some(t)) => {
-                    lease.pin(&[t.digest]).map_err(store_err)?;
-                    targets.push((member, t));
-                }
-                Ok(None) if member == LITERALS_MEMBER => {}
-                Ok(None) => return Ok(None),
-                Err(_) => {
-                    self.drop_admitted(key, m);
-                    return Ok(None);
-                }
+        let Some(targets) = self.bound_members(lease, key, m)? else {
+            self.drop_admitted(key, m);
+            return Ok(None);
+        };
+        // The metadata is read from the store (verified as it is read), never
+        // back from the stage: the stage is outside the store.
+        let md_target = targets
+            .iter()
+            .find(|(name, _)| *name == METADATA_MEMBER)
+            .map(|(_, t)| t.digest)
+            .expect("bound_members requires the metadata");
+        let bytes = match self.read_small_file(lease, &md_target) {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                self.drop_admitted(key, m);
+                return Ok(None);
             }
-        }
-        prepare_directory_destination(destination)?;
-        let stage = Temp::stage_dir(destination)?;
-        for (member, t) in &targets {
-            match copy_member(self, lease, &t.digest, &stage.path().join(member)) {
-                Ok(()) => {}
-                Err(Copy::Bad) => {
-                    self.drop_admitted(key, m);
-                    return Ok(None);
-                }
-                Err(Copy::Failed(e)) => return Err(e),
-            }
-        }
-        let bytes = std::fs::read(stage.path().join(METADATA_MEMBER))
-            .map_err(|e| Error::io(format_args!("cannot read {}", stage.path().display()), &e))?;
+            Err(e) => return Err(e),
+        };
         let has_literals = targets.iter().any(|(name, _)| *name == LITERALS_MEMBER);
         let metadata = match validate_metadata(&bytes, Some(has_literals)) {
             Ok(md) if md.key() == key => md,
@@ -170,11 +267,28 @@ impl Engine {
                 return Ok(None);
             }
         };
+        let mode = prepare_directory_destination(destination)?;
+        let stage = Temp::stage_dir(destination)?;
+        for (member, t) in &targets {
+            let path = stage.path().join(member);
+            if *member == METADATA_MEMBER {
+                write_new(&path, &bytes)?;
+                continue;
+            }
+            match copy_member(self, lease, &t.digest, &path) {
+                Ok(()) => {}
+                Err(Copy::Bad) => {
+                    self.drop_admitted(key, m);
+                    return Ok(None);
+                }
+                Err(Copy::Failed(e)) => return Err(e),
+            }
+        }
         metadata.host_isa().admit_on(host)?;
         if let Some(req) = request {
             req.admit(&metadata)?;
         }
-        publish_stage(stage, destination)?;
+        publish_stage(stage, destination, mode)?;
         if self
             .store
             .get_ref(&graph_ref(key))

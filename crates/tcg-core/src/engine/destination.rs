@@ -25,10 +25,12 @@ pub(crate) fn occupied(dest: &Path, why: &str) -> Error {
 /// Step 5: an absent destination, or an empty directory (removed with `rmdir`,
 /// which fails if it has meanwhile filled), may be published to; an occupied
 /// directory is compared at publication; a file or symlink is refused now.
-pub(crate) fn prepare_directory_destination(dest: &Path) -> Result<()> {
+/// Returns the mode of an empty directory that was removed: the published
+/// directory gets the same mode (the caller chose it, e.g. 0700).
+pub(crate) fn prepare_directory_destination(dest: &Path) -> Result<Option<u32>> {
     let meta = match std::fs::symlink_metadata(dest) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => {
             return Err(Error::io(
                 format_args!("cannot inspect {}", dest.display()),
@@ -58,9 +60,11 @@ pub(crate) fn prepare_directory_destination(dest: &Path) -> Result<()> {
         return Err(occupied(dest, "it is not a directory"));
     }
     match std::fs::remove_dir(dest) {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(Some(meta.mode() & 0o7777)),
         // Not empty (or raced to non-empty): compared at publication.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => {
+            Ok(None)
+        }
         Err(e) => Err(Error::io(
             format_args!("cannot inspect {}", dest.display()),
             &e,
@@ -71,7 +75,8 @@ pub(crate) fn prepare_directory_destination(dest: &Path) -> Result<()> {
 /// Step 9–10: publish `stage` at `dest` without replacing anything; if `dest`
 /// is occupied, accept it only if byte-identical to the stage. Then fsync the
 /// parent.
-pub(crate) fn publish_stage(stage: Temp, dest: &Path) -> Result<()> {
+pub(crate) fn publish_stage(mut stage: Temp, dest: &Path, mode: Option<u32>) -> Result<()> {
+    stage.set_final_mode(mode)?;
     match rename_noreplace(stage.path(), dest) {
         // The stage path no longer exists, so dropping `stage` removes nothing.
         Ok(()) => {}

@@ -1,7 +1,7 @@
 //! Export (SPEC-v1 §10.7): the exact bytes the graph ref selects, verified
 //! once in the destination's directory, published without clobbering.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -71,6 +71,7 @@ impl Engine {
     /// Export the envelope stored for `key` to the file `destination`.
     pub fn export_artifact(&self, key: &str, destination: &Path) -> Result<PathBuf> {
         check_key(key)?;
+        self.refuse_destination_in_store(destination)?;
         let lease = self.store.lease().map_err(store_err)?;
         let name = graph_ref(key);
         let Some(target) = self.store.get_ref(&name).map_err(store_err)? else {
@@ -115,21 +116,19 @@ impl Engine {
                 Verdict::Bad(_, why) => return quarantine_and_fail(why),
             },
         };
-        // A temp beside the destination; the store links its copy at that name.
-        let (temp, file) = Temp::file(destination)?;
-        drop(file);
-        std::fs::remove_file(temp.path())
-            .map_err(|e| Error::io(format_args!("cannot prepare {}", temp.path().display()), &e))?;
-        if let Err(e) = self.store.materialize(&lease, &m, temp.path(), false) {
-            return match classify_store(e) {
-                Verdict::Other(e) => Err(e),
-                Verdict::Unreadable => quarantine_and_fail("unreadable format".into()),
-                Verdict::Bad(_, why) => quarantine_and_fail(why),
-            };
-        }
-        // One read pass over the temp: whole-file digest and size, full reader, key.
-        let input = File::open(temp.path())
-            .map_err(|e| Error::io(format_args!("cannot open {}", temp.path().display()), &e))?;
+        // Verify the stored bytes from the store itself (never by reading back
+        // a file outside it, which someone else may change): whole-file digest
+        // and size, the full reader, the key. Only this can quarantine.
+        let input = match self.store.open_file(&lease, &m, true) {
+            Ok(r) => r,
+            Err(e) => {
+                return match classify_store(e) {
+                    Verdict::Other(e) => Err(e),
+                    Verdict::Unreadable => quarantine_and_fail("unreadable format".into()),
+                    Verdict::Bad(_, why) => quarantine_and_fail(why),
+                }
+            }
+        };
         let mut hasher = Sha256::new();
         let mut size = 0u64;
         let tee = Tee::new(input, |b: &[u8]| {
@@ -157,6 +156,21 @@ impl Engine {
         let digest: [u8; 32] = hasher.finalize().into();
         if size != manifest.size || digest != manifest.file_digest.0 {
             return quarantine_and_fail("the exported bytes do not match the manifest".into());
+        }
+        // A temp beside the destination; the store links its copy at that name,
+        // proving the bytes written by reading them back through its own
+        // descriptor. A mismatch there with intact stored chunks is an I/O
+        // error (the temp was changed), never a quarantine.
+        let (temp, file) = Temp::file(destination)?;
+        drop(file);
+        std::fs::remove_file(temp.path())
+            .map_err(|e| Error::io(format_args!("cannot prepare {}", temp.path().display()), &e))?;
+        if let Err(e) = self.store.materialize(&lease, &m, temp.path(), true) {
+            return match classify_store(e) {
+                Verdict::Other(e) => Err(e),
+                Verdict::Unreadable => quarantine_and_fail("unreadable format".into()),
+                Verdict::Bad(_, why) => quarantine_and_fail(why),
+            };
         }
         match std::fs::hard_link(temp.path(), destination) {
             Ok(()) => {}

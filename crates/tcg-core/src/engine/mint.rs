@@ -36,6 +36,9 @@ pub struct MintOutput {
     pub host_isa: HostIsa,
     /// Values of the package's literal constants, by wrapper fqn.
     pub literals: Vec<MintedLiteral>,
+    /// The canonical lines behind the declaration's graph witness, kept for
+    /// explaining later misses (`None` when the caller has none).
+    pub witness_lines: Option<Vec<String>>,
 }
 
 fn plan_mismatches(md: &Metadata, plan: &MintOutput, key: &str) -> Vec<&'static str> {
@@ -128,6 +131,10 @@ impl Engine {
         }
         let plan = mint()?;
         let publication = self.publish_mint(key, &plan)?;
+        if let Some(lines) = &plan.witness_lines {
+            // Best effort: the lines only serve explanations of later misses.
+            let _ = self.record_witness_lines(key, plan.declaration.graph_witness(), lines);
+        }
         let resolved = self
             .resolve_with(key, destination, Some(request))?
             .ok_or_else(|| {

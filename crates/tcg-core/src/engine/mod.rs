@@ -11,6 +11,8 @@ mod admin;
 mod admitted;
 mod adopt;
 mod destination;
+mod explain;
+mod explain_text;
 mod export;
 pub mod hashrepo;
 mod mint;
@@ -31,6 +33,10 @@ use crate::{Code, Error, Result};
 pub use admin::Counter;
 pub use admitted::{admitted_ref, ADMITTED_REF_PREFIX};
 pub use adopt::{AdoptEntry, AdoptStatus};
+pub use explain::{
+    witness_lines_ref, EXPLAIN_NEIGHBOURS, EXPLAIN_SCAN_MAX, WITNESS_LINES_REF_PREFIX,
+};
+pub use explain_text::{render_class, render_explanation, render_pair};
 pub use mint::{MintOutput, MintedLiteral};
 pub use remote::{
     warn as remote_warn, FailureSlot, Flight, RemoteEnvelope, RemoteError, RemotePublication,
@@ -199,6 +205,67 @@ impl Engine {
         })
     }
 
+    /// Open an existing store without creating anything (`store.not_found`
+    /// for a missing root, a root without `FORMAT` or a missing store
+    /// directory): for read-only commands, so that a mistyped root is an
+    /// error rather than a new, empty store.
+    pub fn open_existing(root: impl AsRef<Path>) -> Result<Engine> {
+        let store = Store::open_existing(root.as_ref()).map_err(store_err)?;
+        Ok(Engine {
+            store,
+            lock_timeout: None,
+            remote: None,
+        })
+    }
+
+    /// Refuse a destination inside the store root
+    /// (`store.destination_in_store`): publishing there would mix foreign
+    /// entries into the store (under `objects/` they once blocked every GC).
+    pub(crate) fn refuse_destination_in_store(&self, dest: &Path) -> Result<()> {
+        let Ok(root) = std::fs::canonicalize(self.store.root()) else {
+            return Ok(());
+        };
+        // The destination may not exist yet: resolve its nearest existing ancestor.
+        let abs = if dest.is_absolute() {
+            dest.to_path_buf()
+        } else {
+            std::env::current_dir()
+                .map_err(|e| Error::io("cannot read the current directory", &e))?
+                .join(dest)
+        };
+        let mut probe = abs.as_path();
+        let mut rest = Vec::new();
+        let resolved = loop {
+            match std::fs::canonicalize(probe) {
+                Ok(p) => break Some(p),
+                Err(_) => {
+                    let (Some(parent), Some(name)) = (probe.parent(), probe.file_name()) else {
+                        break None;
+                    };
+                    rest.push(name.to_owned());
+                    probe = parent;
+                }
+            }
+        };
+        let Some(mut full) = resolved else {
+            return Ok(());
+        };
+        for name in rest.iter().rev() {
+            full.push(name);
+        }
+        if full.starts_with(&root) {
+            return Err(Error::new(
+                Code::StoreDestinationInStore,
+                format!(
+                    "destination {} is inside the store root {}; choose a path outside it",
+                    dest.display(),
+                    root.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Wait at most `timeout` for another process's mint of the same key
     /// (`store.mint_lock_timeout`); `None` waits indefinitely.
     pub fn with_lock_timeout(mut self, timeout: Option<Duration>) -> Engine {
@@ -268,8 +335,15 @@ impl StoreStage {
             lease.id(),
             quarantine::random_hex32()?
         ));
-        std::fs::create_dir(&path)
-            .map_err(|e| Error::io(format_args!("cannot create {}", path.display()), &e))?;
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let io =
+            |e: std::io::Error| Error::io(format_args!("cannot create {}", path.display()), &e);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(io)?;
+        // Private whatever the umask: what is verified here is stored.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
         Ok(StoreStage { path })
     }
 

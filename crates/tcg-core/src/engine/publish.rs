@@ -93,7 +93,18 @@ impl Engine {
         let name = graph_ref(key);
         let desired = Target::manifest(m);
         let q = self.quarantine_marker(key, &m)?;
-        let mut current = self.store.get_ref(&name).map_err(store_err)?;
+        // A record that cannot be read (truncated, malformed) serves nothing:
+        // remove it (only while it is still unreadable) so that a verified
+        // candidate can repair the key.
+        let mut replaced_unreadable = false;
+        let mut current = match self.store.get_ref(&name) {
+            Ok(c) => c,
+            Err(tcg_cas::StoreError::RefInvalid { .. }) => {
+                replaced_unreadable = self.store.remove_unreadable_ref(&name).map_err(store_err)?;
+                self.store.get_ref(&name).map_err(store_err)?
+            }
+            Err(e) => return Err(store_err(e)),
+        };
         let outcome = loop {
             match current {
                 None => match self
@@ -104,6 +115,9 @@ impl Engine {
                     CasOutcome::Matched => {
                         if let Some(q) = &q {
                             self.retire(key, &m, q)?;
+                            break StoreOutcome::Repaired;
+                        }
+                        if replaced_unreadable {
                             break StoreOutcome::Repaired;
                         }
                         break StoreOutcome::Stored;

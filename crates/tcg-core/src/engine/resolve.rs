@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use tcg_cas::{store_error_of, Lease, StoreError, Target};
 
 use super::destination::{prepare_directory_destination, publish_stage};
-use super::{check_key, graph_ref, store_err, Counter, Engine, Request, Resolved};
+use super::{check_key, graph_ref, store_err, Counter, Engine, Request, Resolved, StoreStage};
 use crate::artifact::publish::Temp;
 use crate::artifact::{read_envelope, Metadata};
 use crate::host_isa::HostFacts;
@@ -108,7 +108,11 @@ impl Engine {
         self.resolve_with(key, destination, None)
     }
 
-    /// Pin the record of `key`: `None` when absent; quarantined records raise.
+    /// Pin the record of `key` with its whole closure (manifest and chunks,
+    /// re-checked against the ref), so that a concurrent GC, even one evicting
+    /// the key under a size budget, cannot delete what this resolve reads:
+    /// a missing object afterwards is evidence, not a race. `None` when
+    /// absent; quarantined records raise.
     fn select(&self, lease: &Lease, key: &str) -> Result<Option<Target>> {
         let name = graph_ref(key);
         loop {
@@ -122,12 +126,45 @@ impl Engine {
                     "its record is quarantined",
                 ));
             }
-            // Pin the envelope's manifest only: its chunks are pinned when (and
-            // if) the envelope is read; the admitted copy usually serves instead.
-            lease.pin(&[target.digest]).map_err(store_err)?;
-            if self.store.get_ref(&name).map_err(store_err)? == Some(target) {
-                return Ok(Some(target));
+            match self.store.pin_ref(lease, &name) {
+                Ok(Some(t)) if t == target => return Ok(Some(target)),
+                Ok(_) => continue,
+                Err(e @ StoreError::Io { .. }) => return Err(store_err(e)),
+                // A manifest that does not load: reading the record reports it
+                // (and classifies it) with the record still selected.
+                Err(_) => {
+                    if self.store.get_ref(&name).map_err(store_err)? == Some(target) {
+                        return Ok(Some(target));
+                    }
+                }
             }
+        }
+    }
+
+    /// Quarantine (key, target) for `why`, but only while the key's ref still
+    /// selects that record: a record that moved meanwhile (replaced, evicted)
+    /// proves nothing about the new one, and the caller may retry.
+    pub(crate) fn quarantine_selected(
+        &self,
+        lease: &Lease,
+        key: &str,
+        target: &Target,
+        code: Code,
+        why: String,
+    ) -> Error {
+        match self.store.get_ref(&graph_ref(key)) {
+            Ok(Some(t)) if t == *target => {}
+            Ok(_) => {
+                return Error::new(
+                    Code::StoreRefMoved,
+                    format!("the record of {key} changed during resolution; retry"),
+                )
+            }
+            Err(e) => return store_err(e),
+        }
+        match self.quarantine(lease, key, &target.digest, code) {
+            Ok(()) => quarantined(code, key, why),
+            Err(e) => e,
         }
     }
 
@@ -139,6 +176,7 @@ impl Engine {
         request: Option<&Request>,
     ) -> Result<Option<Resolved>> {
         check_key(key)?;
+        self.refuse_destination_in_store(destination)?;
         let mut result = self.resolve_inner(key, destination, request);
         // The remote tier is consulted only on a clean local miss: a hit never
         // touches the network.
@@ -184,14 +222,12 @@ impl Engine {
                     Verdict::Unreadable => Ok(None),
                     Verdict::Other(e) => Err(e),
                     Verdict::Bad(code, why) => {
-                        self.quarantine(&lease, key, &manifest, code)?;
-                        Err(quarantined(code, key, why))
+                        Err(self.quarantine_selected(&lease, key, &target, code, why))
                     }
                 }
             }
         };
-        prepare_directory_destination(destination)?;
-        let stage = Temp::stage_dir(destination)?;
+        let mode = prepare_directory_destination(destination)?;
         let mut admission = |md: &Metadata| -> Result<()> {
             if md.key() != key {
                 return Err(Error::new(
@@ -208,25 +244,31 @@ impl Engine {
             }
             Ok(())
         };
+        // Verify inside the store's private tmp/: what is verified there is
+        // what becomes the admitted copy, and no other user can change it in
+        // between (nor make a good record look bad).
+        let work = StoreStage::new(self, &lease)?;
         let evidence = Evidence::default();
-        let report = match read_envelope(evidence.reader(reader), stage.path(), &mut admission) {
+        let report = match read_envelope(evidence.reader(reader), work.path(), &mut admission) {
             Ok(r) => r,
             Err(err) => {
-                drop(stage);
+                drop(work);
                 return match classify_read(err, &evidence) {
                     Verdict::Unreadable => Ok(None),
                     Verdict::Other(e) => Err(e),
                     Verdict::Bad(code, why) => {
-                        self.quarantine(&lease, key, &manifest, code)?;
-                        Err(quarantined(code, key, why))
+                        Err(self.quarantine_selected(&lease, key, &target, code, why))
                     }
                 };
             }
         };
         // Verified: keep the members as the admitted copy for the next resolve.
         // Best effort; the envelope remains the source of truth.
-        let _ = self.record_admitted(&lease, key, &manifest, stage.path());
-        publish_stage(stage, destination)?;
+        let _ = self.record_admitted(&lease, key, &manifest, work.path());
+        let stage = Temp::stage_dir(destination)?;
+        copy_tree(work.path(), stage.path())?;
+        drop(work);
+        publish_stage(stage, destination, mode)?;
         // Post-publication re-check of the selection (step 11).
         if self.store.get_ref(&graph_ref(key)).map_err(store_err)? != Some(target) {
             return Err(Error::new(
@@ -252,4 +294,32 @@ impl Engine {
             source: super::Source::Local,
         }))
     }
+}
+
+/// Copy the verified members from the store's private stage into the
+/// destination's stage (kernel copy; the source is private to the store).
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    for member in [
+        crate::artifact::METADATA_MEMBER,
+        crate::artifact::PACKAGE_MEMBER,
+        crate::artifact::LITERALS_MEMBER,
+    ] {
+        let src = from.join(member);
+        let mut input = match std::fs::File::open(&src) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(format_args!("cannot open {}", src.display()), &e)),
+        };
+        let dst = to.join(member);
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(crate::artifact::publish::FILE_MODE)
+            .open(&dst)
+            .map_err(|e| Error::io(format_args!("cannot create {}", dst.display()), &e))?;
+        io::copy(&mut input, &mut out)
+            .map_err(|e| Error::io(format_args!("cannot write {}", dst.display()), &e))?;
+    }
+    Ok(())
 }

@@ -54,8 +54,9 @@ fn a_stale_repair_cannot_clear_a_newer_quarantine() {
     let err = e.retire(KEY, &m, &observed).unwrap_err();
     assert_eq!(err.code(), Code::QuarantineConcurrent);
     assert!(e.quarantine_marker(KEY, &m).unwrap().is_some());
+    let out = tempfile::tempdir().unwrap();
     assert_eq!(
-        e.resolve(KEY, &d.path().join("out")).unwrap_err().code(),
+        e.resolve(KEY, &out.path().join("out")).unwrap_err().code(),
         Code::QuarantinePresent
     );
     lease.end().unwrap();

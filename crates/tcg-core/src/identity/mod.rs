@@ -4,12 +4,18 @@
 //! Every digest that names a compiled graph is produced here and nowhere else.
 
 mod declaration;
+mod explain;
 mod ingress;
 mod key;
 mod literal;
 mod toolchain;
 
 pub use declaration::{DeclarationInput, GraphClassDeclaration};
+pub use explain::{
+    diff_facts, differing_axes, graph_diffs, line_diff, value_diff, Difference, KeyFacts,
+    WitnessLines, LINE_DIFF_MAX_LINES, LINE_DIFF_MAX_LINE_BYTES, VALUE_DIFF_MAX,
+    WITNESS_LINES_MAX_BYTES, WITNESS_LINES_MAX_LINES,
+};
 pub use ingress::{ingress_digest, validate_ingress, CALL_INGRESS_VERSION};
 pub use key::{
     derive_key, derive_key_from_axes, is_compiled_graph_key, key_from_metadata, split_key,

@@ -102,6 +102,7 @@ pub fn reference_mint(dir: &Path) -> MintOutput {
         package: r.package,
         declaration: r.declaration,
         literals: vec![],
+        witness_lines: None,
     }
 }
 
@@ -164,14 +165,15 @@ pub fn corrupt_objects(root: &Path, larger_than: u64) -> usize {
     for entry in walk(&root.join("objects")) {
         let meta = std::fs::metadata(&entry).unwrap();
         if meta.len() > larger_than {
-            let mut perms = meta.permissions();
-            #[allow(clippy::permissions_set_readonly_false)]
-            perms.set_readonly(false);
-            std::fs::set_permissions(&entry, perms).unwrap();
+            use std::os::unix::fs::PermissionsExt;
             let mut bytes = std::fs::read(&entry).unwrap();
             let mid = bytes.len() / 2;
             bytes[mid] ^= 0x40;
+            // Owner-writable for the write, then back to the store's 0444
+            // (a writable object would be refused as insecure instead).
+            std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o644)).unwrap();
             std::fs::write(&entry, bytes).unwrap();
+            std::fs::set_permissions(&entry, std::fs::Permissions::from_mode(0o444)).unwrap();
             n += 1;
         }
     }

@@ -7,15 +7,22 @@
 
 pub mod cubin;
 pub mod elf;
+pub mod loadable;
 pub mod wrapper;
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::File;
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
+use std::rc::Rc;
 
 use zip::CompressionMethod;
 
+use crate::artifact::limits::{
+    inflation_cap, MAX_CENTRAL_DIRECTORY_BYTES, MAX_CUBIN_BYTES, MAX_INFLATION_RATIO,
+    MAX_PACKAGE_ENTRIES, MAX_WRAPPER_BYTES,
+};
 use crate::artifact::metadata::{ConstantRow, Metadata};
 use crate::error::{Code, Error, Result};
 
@@ -56,12 +63,19 @@ fn unreadable(name: &str, e: &dyn std::fmt::Display) -> Error {
 /// stream in two passes, in bounded memory.
 pub const ELF_IN_MEMORY_MAX: u64 = 64 << 20;
 
+/// An operating-system error, or an allocation the zip reader could not make
+/// (`try_reserve`, `io::ErrorKind::OutOfMemory`): a failure of this process,
+/// which proves nothing about the bytes (so it can never quarantine).
+fn is_resource_failure(e: &std::io::Error) -> bool {
+    e.raw_os_error().is_some() || e.kind() == std::io::ErrorKind::OutOfMemory
+}
+
 /// A zip failure: an operating-system read error of the staged file is an
 /// I/O error (it proves nothing about the bytes); anything else is
 /// `artifact.package_zip`.
 fn zip_failure(e: zip::result::ZipError) -> Error {
     match e {
-        zip::result::ZipError::Io(io) if io.raw_os_error().is_some() => {
+        zip::result::ZipError::Io(io) if is_resource_failure(&io) => {
             Error::io("cannot read the staged package", &io)
         }
         other => zip_err(other),
@@ -70,7 +84,7 @@ fn zip_failure(e: zip::result::ZipError) -> Error {
 
 /// A read failure of member `name`, classified like [`zip_failure`].
 fn member_failure(name: &str, e: &std::io::Error) -> Error {
-    if e.raw_os_error().is_some() {
+    if is_resource_failure(e) {
         Error::io(format_args!("cannot read package member {name:?}"), e)
     } else {
         unreadable(name, e)
@@ -129,11 +143,54 @@ pub fn layout_of(name: &str) -> Result<Option<Layout>> {
     }))
 }
 
+/// The package file with a read budget: while the zip reader opens the
+/// package it may read at most [`MAX_CENTRAL_DIRECTORY_BYTES`] (plus the
+/// end-record search), which bounds how many central-directory entries it can
+/// parse, and so its memory, whichever end record it settles on. The budget
+/// is lifted once the archive is open.
+pub struct Budgeted {
+    file: File,
+    left: Rc<Cell<u64>>,
+}
+
+/// The read budget while opening: the central directory plus the end-record
+/// search region (64 KiB comment, the records, slack).
+const OPEN_BUDGET: u64 = MAX_CENTRAL_DIRECTORY_BYTES + (1 << 20);
+
+impl Read for Budgeted {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.left.get();
+        if left == 0 {
+            return Err(std::io::Error::other(
+                "the central directory is over its budget",
+            ));
+        }
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = self.file.read(&mut buf[..want])?;
+        self.left.set(left - n as u64);
+        Ok(n)
+    }
+}
+
+impl Seek for Budgeted {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        self.file.seek(pos)
+    }
+}
+
+fn too_many_entries(what: impl std::fmt::Display) -> Error {
+    Error::new(
+        Code::ArtifactPackageTooManyEntries,
+        format!("{PACKAGE_PREFIX}: {what}"),
+    )
+}
+
 /// An opened package: the zip and its member names, with the zip rules of
 /// §8.1 applied.
 pub struct Package {
-    archive: zip::ZipArchive<File>,
+    archive: zip::ZipArchive<Budgeted>,
     names: Vec<String>,
+    file_len: u64,
 }
 
 impl Package {
@@ -143,7 +200,29 @@ impl Package {
     pub fn open(path: &Path) -> Result<Package> {
         let file = File::open(path)
             .map_err(|e| Error::io(format_args!("cannot open {}", path.display()), &e))?;
-        let mut archive = zip::ZipArchive::new(file).map_err(zip_failure)?;
+        let file_len = file
+            .metadata()
+            .map_err(|e| Error::io(format_args!("cannot stat {}", path.display()), &e))?
+            .len();
+        let left = Rc::new(Cell::new(OPEN_BUDGET));
+        let budgeted = Budgeted {
+            file,
+            left: Rc::clone(&left),
+        };
+        let opened = zip::ZipArchive::new(budgeted);
+        if left.get() == 0 {
+            return Err(too_many_entries(format_args!(
+                "the central directory is larger than {MAX_CENTRAL_DIRECTORY_BYTES} bytes"
+            )));
+        }
+        left.set(u64::MAX);
+        let mut archive = opened.map_err(zip_failure)?;
+        if archive.len() as u64 > MAX_PACKAGE_ENTRIES {
+            return Err(too_many_entries(format_args!(
+                "the zip lists {} entries, more than {MAX_PACKAGE_ENTRIES}",
+                archive.len()
+            )));
+        }
         if archive.has_duplicate_names() {
             return Err(zip_err("duplicate member names"));
         }
@@ -169,7 +248,54 @@ impl Package {
             }
             names.push(name);
         }
-        Ok(Package { archive, names })
+        Ok(Package {
+            archive,
+            names,
+            file_len,
+        })
+    }
+
+    /// The size of the package file.
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    /// The stored (compressed) size of member `name`.
+    pub fn compressed_size(&mut self, name: &str) -> Result<u64> {
+        let index = self.index_of(name)?;
+        let f = self.archive.by_index_raw(index).map_err(zip_failure)?;
+        Ok(f.compressed_size())
+    }
+
+    /// The declared size of member `name` after the bounds of its kind: at
+    /// most `cap` (`artifact.package_member_too_large`) and at most the
+    /// ratio cap over its stored size (`artifact.inflation_ratio`).
+    pub fn bounded_size(&mut self, name: &str, cap: u64) -> Result<u64> {
+        let declared = self.declared_size(name)?;
+        if declared > cap {
+            return Err(Error::new(
+                Code::ArtifactPackageMemberTooLarge,
+                format!(
+                    "{PACKAGE_PREFIX}: member {name:?} declares {declared} bytes, more than the {cap} allowed for it"
+                ),
+            ));
+        }
+        let stored = self.compressed_size(name)?;
+        if declared > inflation_cap(stored) {
+            return Err(Error::new(
+                Code::ArtifactInflationRatio,
+                format!(
+                    "{PACKAGE_PREFIX}: member {name:?} inflates from {stored} to {declared} bytes, more than the allowance plus {MAX_INFLATION_RATIO}:1"
+                ),
+            ));
+        }
+        Ok(declared)
+    }
+
+    /// [`Package::read`] after [`Package::bounded_size`].
+    pub fn read_bounded(&mut self, name: &str, cap: u64) -> Result<Vec<u8>> {
+        self.bounded_size(name, cap)?;
+        self.read(name)
     }
 
     /// The member names in central-directory order.
@@ -319,7 +445,7 @@ pub struct PackageReport {
 }
 
 fn read_wrapper(pkg: &mut Package, member: &str) -> Result<WrapperTable> {
-    let bytes = pkg.read(member)?;
+    let bytes = pkg.read_bounded(member, MAX_WRAPPER_BYTES)?;
     parse_wrapper(&bytes).map_err(|e| e.context(format_args!("{PACKAGE_PREFIX}: {member}")))
 }
 
@@ -354,6 +480,31 @@ pub fn verify_package_facts(
 ) -> Result<PackageReport> {
     let mut pkg = Package::open(path)?;
     let members = pkg.entry_members(Some(name))?;
+    // CUDA code in a CPU artifact is refused before any of it is read.
+    if let (Some(first), None) = (members.cubins.first(), cubin::sm_number(sm)) {
+        return Err(Error::new(
+            Code::ArtifactCubinArchMismatch,
+            format!("{PACKAGE_PREFIX}: {first} is CUDA device code in an artifact for {sm}"),
+        ));
+    }
+    // Everything this function inflates, bounded by kind and, in total,
+    // against the package's own size: time stays linear in the input.
+    let mut inflated = pkg.bounded_size(&members.wrapper, MAX_WRAPPER_BYTES)?;
+    inflated = inflated.saturating_add(
+        pkg.bounded_size(&members.shared_object, crate::artifact::MAX_PACKAGE_BYTES)?,
+    );
+    for member in &members.cubins {
+        inflated = inflated.saturating_add(pkg.bounded_size(member, MAX_CUBIN_BYTES)?);
+    }
+    if inflated > inflation_cap(pkg.file_len()) {
+        return Err(Error::new(
+            Code::ArtifactInflationRatio,
+            format!(
+                "{PACKAGE_PREFIX}: the members to verify inflate to {inflated} bytes from a {}-byte package, more than the allowance plus {MAX_INFLATION_RATIO}:1",
+                pkg.file_len()
+            ),
+        ));
+    }
     let table = read_wrapper(&mut pkg, &members.wrapper)?;
     if table.rows() != constants {
         return Err(Error::new(
@@ -387,9 +538,18 @@ pub fn verify_package_facts(
     let so_size = pkg.declared_size(&so_name)?;
     let parsed = if so_size <= ELF_IN_MEMORY_MAX {
         let so = pkg.read(&so_name)?;
-        parse_elf(&so)
+        parse_elf(&so).and_then(|info| {
+            loadable::check_loadable(&mut &so[..])?;
+            Ok(info)
+        })
     } else {
-        elf::parse_elf_stream(so_size, &mut |f| pkg.stream(&so_name, f))
+        elf::parse_elf_stream(so_size, &mut |f| pkg.stream(&so_name, f)).and_then(|info| {
+            loadable::check_loadable(&mut loadable::StreamRanges {
+                size: so_size,
+                reopen: &mut |f| pkg.stream(&so_name, f),
+            })?;
+            Ok(info)
+        })
     };
     let info = parsed.map_err(|e| {
         if e.code() == Code::ArtifactElfInvalid {
@@ -428,7 +588,7 @@ pub fn verify_package_facts(
         ));
     }
     for member in &members.cubins {
-        let bytes = pkg.read(member)?;
+        let bytes = pkg.read_bounded(member, MAX_CUBIN_BYTES)?;
         cubin::check_cubin(member, &bytes, sm)?;
     }
     Ok(PackageReport {
@@ -437,4 +597,28 @@ pub fn verify_package_facts(
         e_machine: info.machine,
         lrodata_bytes: lrodata,
     })
+}
+
+#[cfg(test)]
+mod resource_tests {
+    use super::*;
+
+    #[test]
+    fn an_allocation_failure_is_an_io_error_not_a_bad_package() {
+        let oom = std::io::Error::new(std::io::ErrorKind::OutOfMemory, "allocation failed");
+        for e in [
+            member_failure("m", &oom),
+            zip_failure(zip::result::ZipError::Io(std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                "allocation failed",
+            ))),
+        ] {
+            assert_eq!(e.kind(), crate::Kind::Io, "{e}");
+            assert_eq!(e.code(), Code::IoError);
+            assert_eq!(e.errno(), Some(libc::ENOMEM));
+        }
+        // A malformed stream stays evidence against the bytes.
+        let bad = std::io::Error::new(std::io::ErrorKind::InvalidData, "bad crc");
+        assert_eq!(member_failure("m", &bad).code(), Code::ArtifactPackageZip);
+    }
 }

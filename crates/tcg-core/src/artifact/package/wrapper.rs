@@ -88,12 +88,52 @@ fn fail(what: impl std::fmt::Display) -> Error {
 
 const PREFIX: &str = "constants_info_[";
 
-struct Cur<'a> {
-    s: &'a str,
-    i: usize,
+/// Where the next occurrence of one byte lies, remembered across queries: the
+/// scan asks for positions that only move forward, so each byte of the text
+/// is searched at most once per form and the scan stays linear (a closing
+/// quote or brace that never comes is not searched for again and again).
+struct NextByte {
+    byte: u8,
+    /// The last query position.
+    from: usize,
+    /// The answer for `from`: the first occurrence at or after it.
+    at: Option<usize>,
+    /// Bytes searched so far.
+    work: u64,
 }
 
-impl<'a> Cur<'a> {
+impl NextByte {
+    fn new(byte: u8) -> Self {
+        NextByte {
+            byte,
+            from: usize::MAX,
+            at: None,
+            work: 0,
+        }
+    }
+
+    /// The first occurrence of the byte at or after `from` in `text`.
+    fn find(&mut self, text: &[u8], from: usize) -> Option<usize> {
+        let cached =
+            self.from != usize::MAX && from >= self.from && self.at.is_none_or(|at| from <= at);
+        if !cached {
+            let hit = memchr::memchr(self.byte, &text[from..]);
+            self.work += hit.map_or(text.len() - from, |h| h + 1) as u64;
+            self.from = from;
+            self.at = hit.map(|h| from + h);
+        }
+        self.at
+    }
+}
+
+struct Cur<'a, 'n> {
+    s: &'a str,
+    i: usize,
+    quote: &'n mut NextByte,
+    brace: &'n mut NextByte,
+}
+
+impl<'a> Cur<'a, '_> {
     fn lit(&mut self, t: &str) -> bool {
         if self.s[self.i..].starts_with(t) {
             self.i += t.len();
@@ -166,17 +206,17 @@ enum Parsed {
 
 const FIELDS: [&str; 4] = ["name", "data_size", "from_folded", "original_fqn"];
 
-fn match_field(c: &mut Cur<'_>) -> Option<(String, &'static str, Parsed)> {
+fn match_field(c: &mut Cur<'_, '_>) -> Option<(String, &'static str, Parsed)> {
     let idx = c.head()?.to_owned();
     let field = FIELDS.into_iter().find(|f| c.lit(f))?;
     if !c.eq() {
         return None;
     }
     let value = if c.lit("\"") {
-        let rest = &c.s[c.i..];
-        let close = rest.find('"')?;
-        c.i += close + 1;
-        FieldValue::Quoted(rest[..close].to_owned())
+        let open = c.i;
+        let close = c.quote.find(c.s.as_bytes(), open)?;
+        c.i = close + 1;
+        FieldValue::Quoted(c.s[open..close].to_owned())
     } else if let Some(d) = c.digits() {
         FieldValue::Digits(d.to_owned())
     } else if c.lit("true") {
@@ -189,7 +229,7 @@ fn match_field(c: &mut Cur<'_>) -> Option<(String, &'static str, Parsed)> {
     c.end().then_some((idx, field, Parsed::Field(value)))
 }
 
-fn match_type(c: &mut Cur<'_>) -> Option<(String, &'static str, Parsed)> {
+fn match_type(c: &mut Cur<'_, '_>) -> Option<(String, &'static str, Parsed)> {
     let idx = c.head()?.to_owned();
     if !(c.lit("type") && c.eq() && c.lit("static_cast<int32_t>")) {
         return None;
@@ -210,7 +250,7 @@ fn match_type(c: &mut Cur<'_>) -> Option<(String, &'static str, Parsed)> {
     c.end().then_some((idx, "type", Parsed::Ident(ident)))
 }
 
-fn match_dtype(c: &mut Cur<'_>) -> Option<(String, &'static str, Parsed)> {
+fn match_dtype(c: &mut Cur<'_, '_>) -> Option<(String, &'static str, Parsed)> {
     let idx = c.head()?.to_owned();
     if !(c.lit("dtype") && c.eq() && c.lit("cached_torch_dtype_")) {
         return None;
@@ -219,34 +259,56 @@ fn match_dtype(c: &mut Cur<'_>) -> Option<(String, &'static str, Parsed)> {
     c.end().then_some((idx, "dtype", Parsed::Ident(ident)))
 }
 
-fn match_shape(c: &mut Cur<'_>) -> Option<(String, &'static str, Parsed)> {
+fn match_shape(c: &mut Cur<'_, '_>) -> Option<(String, &'static str, Parsed)> {
     let idx = c.head()?.to_owned();
     if !(c.lit("shape") && c.eq() && c.lit("{")) {
         return None;
     }
-    let rest = &c.s[c.i..];
-    let close = rest.find('}')?;
-    c.i += close + 1;
-    let inner = rest[..close].to_owned();
+    let open = c.i;
+    let close = c.brace.find(c.s.as_bytes(), open)?;
+    c.i = close + 1;
+    let inner = c.s[open..close].to_owned();
     c.end().then_some((idx, "shape", Parsed::Shape(inner)))
 }
 
-type Matcher = fn(&mut Cur<'_>) -> Option<Assignment>;
+type Matcher = fn(&mut Cur<'_, '_>) -> Option<Assignment>;
 
-/// Leftmost non-overlapping matches of one form over the whole text.
-fn scan(text: &str, form: Matcher, out: &mut Vec<Assignment>) {
+/// Leftmost non-overlapping matches of one form over the whole text. Returns
+/// the bytes examined: the prefix search, each attempt's cursor and the
+/// closing-byte searches, each linear in the text (a failed attempt examines
+/// only runs of digits, whitespace and identifiers, which cannot hold the
+/// next prefix, plus a cached closing-byte search).
+fn scan(text: &str, form: Matcher, out: &mut Vec<Assignment>) -> u64 {
+    let finder = memchr::memmem::Finder::new(PREFIX);
+    let mut quote = NextByte::new(b'"');
+    let mut brace = NextByte::new(b'}');
+    let mut work = 0u64;
     let mut pos = 0;
-    while let Some(off) = text[pos..].find(PREFIX) {
+    loop {
+        let Some(off) = finder.find(&text.as_bytes()[pos..]) else {
+            work += (text.len() - pos) as u64;
+            break;
+        };
         let start = pos + off;
-        let mut c = Cur { s: text, i: start };
-        match form(&mut c) {
+        work += (off + PREFIX.len()) as u64;
+        let mut c = Cur {
+            s: text,
+            i: start,
+            quote: &mut quote,
+            brace: &mut brace,
+        };
+        let m = form(&mut c);
+        let reached = c.i;
+        work += (reached - start) as u64;
+        match m {
             Some(m) => {
                 out.push(m);
-                pos = c.i;
+                pos = reached;
             }
             None => pos = start + 1,
         }
     }
+    work + quote.work + brace.work
 }
 
 /// The constructor facts: (declared count, load_constants_from_blob).
@@ -328,13 +390,31 @@ fn parse_shape(inner: &str) -> std::result::Result<Vec<u64>, String> {
     Ok(dims)
 }
 
-/// Parse a wrapper's text (§8.3).
+/// Parse a wrapper's text (§8.3), in time linear in its length.
 pub fn parse_wrapper_text(text: &str) -> Result<WrapperTable> {
+    parse_counted(text).0
+}
+
+/// The bytes the wrapper scan examines for `text` (for the tests and the
+/// fuzz target that hold the scan linear: it is at most a small constant
+/// times the length).
+pub fn wrapper_scan_work(text: &str) -> u64 {
+    parse_counted(text).1
+}
+
+fn parse_counted(text: &str) -> (Result<WrapperTable>, u64) {
+    let mut work = 0u64;
+    let table = parse_table(text, &mut work);
+    (table, work)
+}
+
+fn parse_table(text: &str, work: &mut u64) -> Result<WrapperTable> {
     let (declared_count, load_constants_from_blob) = parse_constructor(text)?;
+    *work += text.len() as u64;
     let mut found = Vec::new();
     let forms: [Matcher; 4] = [match_field, match_type, match_dtype, match_shape];
     for form in forms {
-        scan(text, form, &mut found);
+        *work += scan(text, form, &mut found);
     }
     let mut by_index: BTreeMap<u64, BTreeMap<&'static str, Parsed>> = BTreeMap::new();
     for (idx, field, value) in found {
@@ -532,6 +612,30 @@ mod tests {
         let t = parse_wrapper_text(text).unwrap();
         let c = &t.constants[0];
         assert_eq!((c.fqn(), c.shape.len(), c.from_folded), ("n", 0, true));
+    }
+
+    /// A wrapper whose tail is `n` unterminated assignments of the shapes
+    /// that used to make the scan search to the end of the text each time.
+    pub(crate) fn padded(n: usize) -> String {
+        let mut s = synthetic_wrapper(false, &[row(0, "Parameter")]);
+        for _ in 0..n {
+            s.push_str("constants_info_[7].name = \"constants_info_[7].shape = {constants_info_[7].original_fqn = \"\n");
+        }
+        s
+    }
+
+    #[test]
+    fn the_scan_is_linear_in_the_padding() {
+        let (a, b) = (padded(20_000), padded(40_000));
+        let (wa, wb) = (wrapper_scan_work(&a), wrapper_scan_work(&b));
+        assert!(wb <= 2 * wa + wa / 10, "work {wa} -> {wb}");
+        assert!(wb <= 24 * b.len() as u64, "work {wb} for {} bytes", b.len());
+        // The padding holds no complete assignment of any form: the table
+        // is the unpadded one.
+        assert_eq!(
+            parse_wrapper_text(&b).unwrap(),
+            parse_wrapper_text(&padded(0)).unwrap()
+        );
     }
 
     #[test]

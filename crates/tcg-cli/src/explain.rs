@@ -1,0 +1,59 @@
+//! `explain`: why two stored keys differ, or what is stored for a graph class.
+
+use tcg_cj::Value;
+use tcg_core::engine::{render_class, render_pair, Engine};
+use tcg_core::{Code, Error};
+
+use crate::commands::print_json;
+use crate::output::{print_line, Outcome};
+
+fn print_text(text: &str) -> anyhow::Result<()> {
+    print_line(text.trim_end_matches('\n'))
+}
+
+/// Run `explain` with either two keys or a graph class name (clap enforces one of them).
+pub fn run(
+    engine: &Engine,
+    keys: &[String],
+    graph_class: Option<&str>,
+    json: bool,
+) -> anyhow::Result<Outcome> {
+    if let Some(name) = graph_class {
+        let report = engine.explain_class(name)?;
+        let empty = report
+            .as_object()
+            .and_then(|m| m.get("entries"))
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty);
+        if json {
+            print_json(&report)?;
+        } else {
+            print_text(&render_class(&report))?;
+        }
+        return Ok(if empty {
+            Outcome::Negative
+        } else {
+            Outcome::Success
+        });
+    }
+    let [a, b] = keys else {
+        unreachable!("clap takes exactly two keys")
+    };
+    match engine.explain_keys(a, b)? {
+        Ok(report) => {
+            if json {
+                print_json(&report)?;
+            } else {
+                print_text(&render_pair(&report))?;
+            }
+            Ok(Outcome::Success)
+        }
+        Err(missing) => {
+            // An expected negative (exit 1), reported like any error.
+            let err = Error::new(Code::StoreAbsent, format!("{missing} is not stored"));
+            eprintln!("error: {err}\ncode: {}", err.code());
+            eprintln!("hint: `torch-compiled-graphs ls` lists the stored keys");
+            Ok(Outcome::Negative)
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! Serve a stored compiled graph from Rust with no Python: resolve a key from a
+//! store, load it on the CPU or a GPU with libtorch opened at run time, bind
+//! its weights, run it on inputs read from a safetensors file, and compare
+//! with expected outputs from the same file.
+//!
+//! ```text
+//! cargo run --release -p tcg-run --example serve -- \
+//!     --store STORE --key KEY --dest DIR --torch-lib .venv/.../torch/lib \
+//!     --weights weights.safetensors --io io.safetensors --in x [--out y] \
+//!     [--device cuda:0] [--repeat 100] [--rtol 1e-5 --atol 1e-6]
+//! ```
+//!
+//! `--in` and `--out` name tensors of `--io` (repeat the flag for several, in
+//! the graph's flat input and output order). Prints one JSON line: the time to
+//! first inference (resolve, load, bind, first call, output on the host), the
+//! median latency of `--repeat` further calls (each waits for the device), and
+//! the largest error against `--out`. Exits 1 when an output differs beyond
+//! the tolerance, 2 on a usage error or a refusal.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use tcg_run::{OwnedTensor, Served};
+
+#[derive(Default)]
+struct Args {
+    store: PathBuf,
+    key: String,
+    dest: PathBuf,
+    torch_lib: PathBuf,
+    weights: PathBuf,
+    io: PathBuf,
+    inputs: Vec<String>,
+    outputs: Vec<String>,
+    device: String,
+    repeat: usize,
+    rtol: f64,
+    atol: f64,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        device: "cpu".into(),
+        rtol: 1e-5,
+        atol: 1e-6,
+        ..Args::default()
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--store" => a.store = value()?.into(),
+            "--key" => a.key = value()?,
+            "--dest" => a.dest = value()?.into(),
+            "--torch-lib" => a.torch_lib = value()?.into(),
+            "--weights" => a.weights = value()?.into(),
+            "--io" => a.io = value()?.into(),
+            "--in" => a.inputs.push(value()?),
+            "--out" => a.outputs.push(value()?),
+            "--device" => a.device = value()?,
+            "--repeat" => a.repeat = value()?.parse().map_err(|e| format!("--repeat: {e}"))?,
+            "--rtol" => a.rtol = value()?.parse().map_err(|e| format!("--rtol: {e}"))?,
+            "--atol" => a.atol = value()?.parse().map_err(|e| format!("--atol: {e}"))?,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if a.key.is_empty()
+        || a.inputs.is_empty()
+        || a.store.as_os_str().is_empty()
+        || a.dest.as_os_str().is_empty()
+        || a.torch_lib.as_os_str().is_empty()
+        || a.weights.as_os_str().is_empty()
+        || a.io.as_os_str().is_empty()
+    {
+        return Err("--store, --key, --dest, --torch-lib, --weights, --io and at least one --in are required".into());
+    }
+    Ok(a)
+}
+
+/// A tensor's elements as f64, for comparison (float and bfloat16 outputs).
+fn values(dtype: &str, bytes: &[u8]) -> Option<Vec<f64>> {
+    Some(match dtype {
+        "float32" => bytes
+            .chunks_exact(4)
+            .map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap())))
+            .collect(),
+        "float64" => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        "bfloat16" => bytes
+            .chunks_exact(2)
+            .map(|c| {
+                f64::from(f32::from_bits(
+                    u32::from(u16::from_le_bytes([c[0], c[1]])) << 16,
+                ))
+            })
+            .collect(),
+        _ => return None,
+    })
+}
+
+fn dtype_name(d: safetensors::Dtype) -> &'static str {
+    use safetensors::Dtype::*;
+    match d {
+        F32 => "float32",
+        F64 => "float64",
+        F16 => "float16",
+        BF16 => "bfloat16",
+        I64 => "int64",
+        I32 => "int32",
+        I16 => "int16",
+        I8 => "int8",
+        U8 => "uint8",
+        BOOL => "bool",
+        _ => "unsupported",
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match serve(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {}", e.message());
+            eprintln!("code: {}", e.code().as_str());
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn serve(args: &Args) -> tcg_core::Result<bool> {
+    let io_bytes = std::fs::read(&args.io)
+        .map_err(|e| tcg_core::Error::io(format_args!("cannot read {}", args.io.display()), &e))?;
+    let io = safetensors::SafeTensors::deserialize(&io_bytes).map_err(|e| {
+        tcg_core::Error::new(
+            tcg_core::Code::RunWeightsInvalid,
+            format!("{}: {e}", args.io.display()),
+        )
+    })?;
+    let mut named = BTreeMap::new();
+    for (name, view) in io.tensors() {
+        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
+        named.insert(
+            name,
+            (dtype_name(view.dtype()), shape, view.data().to_vec()),
+        );
+    }
+    let pick = |name: &String| {
+        named.get(name).ok_or_else(|| {
+            tcg_core::Error::new(
+                tcg_core::Code::RunCallInvalid,
+                format!("{} holds no tensor {name:?}", args.io.display()),
+            )
+        })
+    };
+    let inputs = args
+        .inputs
+        .iter()
+        .map(pick)
+        .collect::<tcg_core::Result<Vec<_>>>()?;
+    let expected = args
+        .outputs
+        .iter()
+        .map(pick)
+        .collect::<tcg_core::Result<Vec<_>>>()?;
+    let host: Vec<(&[u8], &str, &[i64])> = inputs
+        .iter()
+        .map(|(dtype, shape, bytes)| (bytes.as_slice(), *dtype, shape.as_slice()))
+        .collect();
+
+    let start = Instant::now();
+    let served = Served::open(
+        &args.store,
+        &args.key,
+        &args.dest,
+        &args.torch_lib,
+        &args.device,
+        &args.weights,
+    )?
+    .ok_or_else(|| {
+        tcg_core::Error::new(
+            tcg_core::Code::RunCallInvalid,
+            format!("the store has no graph {}", args.key),
+        )
+    })?;
+    let outputs: Vec<OwnedTensor> = served.run_host(&host)?;
+    let first: Vec<Vec<u8>> = outputs
+        .iter()
+        .map(OwnedTensor::to_host)
+        .collect::<tcg_core::Result<_>>()?;
+    let ttfi = start.elapsed().as_secs_f64();
+
+    let mut latencies = Vec::with_capacity(args.repeat);
+    if args.repeat > 0 {
+        // Inputs placed on the graph's device once, as a server keeps them.
+        let placed: Vec<OwnedTensor> = inputs
+            .iter()
+            .map(|(dtype, shape, bytes)| {
+                let d = served
+                    .torch()
+                    .dtype_by_name(dtype)
+                    .expect("a dtype the graph took");
+                OwnedTensor::from_host(served.torch(), bytes, shape, d, served.graph().device(), 0)
+            })
+            .collect::<tcg_core::Result<_>>()?;
+        let described: Vec<tcg_run::Input> = placed
+            .iter()
+            .map(|t| tcg_run::Input {
+                data: t.data_ptr(),
+                nbytes: t.nbytes(),
+                dtype: t.dtype().name.to_owned(),
+                shape: t.sizes().to_vec(),
+                device: t.device(),
+            })
+            .collect();
+        let cuda = match served.graph().device() {
+            tcg_run::Device::Cuda(_) => Some(served.torch().cuda()?),
+            tcg_run::Device::Cpu => None,
+        };
+        for _ in 0..args.repeat {
+            let t = Instant::now();
+            // SAFETY: `placed` owns every input's memory for the whole loop,
+            // and each call's work is waited for below before the next one.
+            let out = unsafe { served.run(&described, 0) }?;
+            if let Some(cuda) = cuda {
+                cuda.synchronize(0)?;
+            }
+            latencies.push(t.elapsed().as_secs_f64());
+            drop(out);
+        }
+        latencies.sort_by(f64::total_cmp);
+    }
+
+    let mut worst = 0f64;
+    let mut ok = true;
+    for ((got, out), (dtype, shape, want)) in first.iter().zip(&outputs).zip(&expected) {
+        if out.dtype().name != *dtype || out.sizes() != shape.as_slice() {
+            ok = false;
+            continue;
+        }
+        match (values(dtype, got), values(dtype, want)) {
+            (Some(g), Some(w)) => {
+                for (g, w) in g.iter().zip(&w) {
+                    let err = (g - w).abs();
+                    worst = worst.max(err);
+                    // NaN compares false, so a NaN output fails too.
+                    let within = err <= args.atol + args.rtol * w.abs();
+                    if !within {
+                        ok = false;
+                    }
+                }
+            }
+            _ => ok &= got == want,
+        }
+    }
+    let shapes: Vec<String> = outputs
+        .iter()
+        .map(|t| {
+            format!(
+                "{{\"dtype\":\"{}\",\"shape\":{:?},\"device\":\"{}\"}}",
+                t.dtype().name,
+                t.sizes(),
+                t.device()
+            )
+        })
+        .collect();
+    let median = latencies.get(latencies.len() / 2).copied();
+    println!(
+        "{{\"device\":\"{}\",\"torch_check\":\"{}\",\"ttfi_s\":{ttfi:.6},\"call_median_s\":{},\"calls\":{},\"outputs\":[{}],\"checked\":{},\"max_abs_err\":{worst:e},\"ok\":{ok}}}",
+        served.graph().device(),
+        served.torch_check(),
+        median.map_or("null".into(), |m| format!("{m:.9}")),
+        latencies.len(),
+        shapes.join(","),
+        expected.len(),
+    );
+    Ok(ok)
+}

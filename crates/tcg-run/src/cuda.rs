@@ -1,0 +1,407 @@
+//! CUDA for the native path: `libtorch_cuda.so` opened at run time, the CUDA
+//! runtime functions this crate calls, and the device a graph runs on.
+//!
+//! `libtorch_cuda.so` is opened only when a CUDA graph is loaded (it is large,
+//! and a CPU graph never needs it), with `RTLD_NOW | RTLD_GLOBAL` like the rest
+//! of libtorch: a CUDA graph's `.so` needs its symbols and those of the CUDA
+//! runtime it depends on. The CUDA runtime functions are looked up through
+//! that library's handle, which searches its dependency tree, so they are the
+//! very `libcudart` torch itself uses (one runtime, one context per device).
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
+
+use libloading::os::unix::{Library, Symbol, RTLD_GLOBAL, RTLD_NOW};
+use tcg_core::{Code, Error, Result};
+
+/// Where a graph runs, or where a buffer lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// Host memory.
+    Cpu,
+    /// A CUDA device by index.
+    Cuda(i32),
+}
+
+impl Device {
+    /// Parse `cpu`, `cuda` (device 0) or `cuda:N`.
+    pub fn parse(text: &str) -> Result<Device> {
+        let bad = || {
+            Error::new(
+                Code::RunDeviceMismatch,
+                format!("{text:?} is not a device (expected \"cpu\" or \"cuda:N\")"),
+            )
+        };
+        match text {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => {
+                let index = text.strip_prefix("cuda:").ok_or_else(bad)?;
+                if index.is_empty() || index.len() > 4 || !index.bytes().all(|b| b.is_ascii_digit())
+                {
+                    return Err(bad());
+                }
+                Ok(Device::Cuda(index.parse().map_err(|_| bad())?))
+            }
+        }
+    }
+
+    /// Whether this is a CUDA device.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+type StreamGuardNew = unsafe extern "C" fn(*mut c_void, i32, *mut *mut c_void) -> i32;
+type StreamGuardDelete = unsafe extern "C" fn(*mut c_void) -> i32;
+type IntOut = unsafe extern "C" fn(*mut c_int) -> c_int;
+type Attribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+type IntIn = unsafe extern "C" fn(c_int) -> c_int;
+type Malloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
+type Free = unsafe extern "C" fn(*mut c_void) -> c_int;
+type Memcpy = unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> c_int;
+type PtrIn = unsafe extern "C" fn(*mut c_void) -> c_int;
+type NoArgs = unsafe extern "C" fn() -> c_int;
+type EventCreate = unsafe extern "C" fn(*mut *mut c_void, u32) -> c_int;
+type EventRecord = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+type WaitEvent = unsafe extern "C" fn(*mut c_void, *mut c_void, u32) -> c_int;
+type ErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
+
+// cudaDeviceAttr values (driver_types.h), stable across CUDA releases.
+const ATTR_CC_MAJOR: c_int = 75;
+const ATTR_CC_MINOR: c_int = 76;
+const MEMCPY_HOST_TO_DEVICE: c_int = 1;
+const EVENT_DISABLE_TIMING: u32 = 2;
+
+/// libtorch's CUDA library and the CUDA runtime it uses.
+pub struct Cuda {
+    stream_guard_new: StreamGuardNew,
+    stream_guard_delete: StreamGuardDelete,
+    device_count: IntOut,
+    attribute: Attribute,
+    set_device: IntIn,
+    get_device: IntOut,
+    malloc: Malloc,
+    free: Free,
+    memcpy: Memcpy,
+    stream_synchronize: PtrIn,
+    device_synchronize: NoArgs,
+    event_create: EventCreate,
+    event_record: EventRecord,
+    wait_event: WaitEvent,
+    event_destroy: PtrIn,
+    error_string: ErrorString,
+    _lib: Library,
+}
+
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda").finish_non_exhaustive()
+    }
+}
+
+fn unavailable(message: String) -> Error {
+    Error::new(Code::RunDeviceMismatch, message)
+}
+
+fn symbol<T: Copy>(lib: &Library, name: &str) -> Result<T> {
+    // SAFETY: every `T` this is called with is the C signature the CUDA
+    // runtime (cuda_runtime_api.h) or torch's shim.h declares for `name`; the
+    // library is never closed while a `Cuda` lives (it is process-wide).
+    let sym: Symbol<T> = unsafe { lib.get(name.as_bytes()) }.map_err(|e| {
+        unavailable(format!(
+            "libtorch_cuda or its CUDA runtime lacks {name}, which the native CUDA path needs: {e}"
+        ))
+    })?;
+    Ok(*sym)
+}
+
+impl Cuda {
+    /// Open `libtorch_cuda.so` from the libtorch directory `dir`.
+    pub(crate) fn open(dir: &std::path::Path) -> Result<Cuda> {
+        let path = dir.join("libtorch_cuda.so");
+        if !path.is_file() {
+            return Err(unavailable(format!(
+                "{} has no libtorch_cuda.so: this torch installation has no CUDA support",
+                dir.display()
+            )));
+        }
+        // SAFETY: loading libtorch_cuda runs its static initialisers (it
+        // registers the CUDA kernels and allocator with libtorch, already
+        // loaded), which is what `import torch` does on a CUDA build.
+        let lib = unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) }
+            .map_err(|e| unavailable(format!("cannot load {}: {e}", path.display())))?;
+        Ok(Cuda {
+            stream_guard_new: symbol(&lib, "aoti_torch_create_cuda_stream_guard")?,
+            stream_guard_delete: symbol(&lib, "aoti_torch_delete_cuda_stream_guard")?,
+            device_count: symbol(&lib, "cudaGetDeviceCount")?,
+            attribute: symbol(&lib, "cudaDeviceGetAttribute")?,
+            set_device: symbol(&lib, "cudaSetDevice")?,
+            get_device: symbol(&lib, "cudaGetDevice")?,
+            malloc: symbol(&lib, "cudaMalloc")?,
+            free: symbol(&lib, "cudaFree")?,
+            memcpy: symbol(&lib, "cudaMemcpy")?,
+            stream_synchronize: symbol(&lib, "cudaStreamSynchronize")?,
+            device_synchronize: symbol(&lib, "cudaDeviceSynchronize")?,
+            event_create: symbol(&lib, "cudaEventCreateWithFlags")?,
+            event_record: symbol(&lib, "cudaEventRecord")?,
+            wait_event: symbol(&lib, "cudaStreamWaitEvent")?,
+            event_destroy: symbol(&lib, "cudaEventDestroy")?,
+            error_string: symbol(&lib, "cudaGetErrorString")?,
+            _lib: lib,
+        })
+    }
+
+    fn check(&self, rc: c_int, what: &str) -> Result<()> {
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: cudaGetErrorString returns a static NUL-terminated string for any code.
+        let text = unsafe {
+            let p = (self.error_string)(rc);
+            if p.is_null() {
+                String::from("unknown error")
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        Err(Error::new(
+            Code::RunExecutionFailed,
+            format!("CUDA {what} failed: {text} (error {rc})"),
+        ))
+    }
+
+    /// The number of visible devices; a machine without a usable driver or
+    /// device is `run.device_mismatch`.
+    pub fn device_count(&self) -> Result<i32> {
+        let mut n: c_int = 0;
+        // SAFETY: writes one int.
+        let rc = unsafe { (self.device_count)(&mut n) };
+        if rc != 0 || n <= 0 {
+            let why = self
+                .check(rc, "device discovery")
+                .err()
+                .map(|e| e.message().to_owned())
+                .unwrap_or_else(|| "no CUDA device is visible".into());
+            return Err(unavailable(format!("CUDA is not available: {why}")));
+        }
+        Ok(n)
+    }
+
+    /// The compute capability `(major, minor)` of device `index`.
+    pub fn capability(&self, index: i32) -> Result<(i32, i32)> {
+        let count = self.device_count()?;
+        if !(0..count).contains(&index) {
+            return Err(unavailable(format!(
+                "cuda:{index} does not exist ({count} CUDA device(s) are visible)"
+            )));
+        }
+        let (mut major, mut minor): (c_int, c_int) = (0, 0);
+        // SAFETY: each call writes one int for a device index checked above.
+        unsafe {
+            self.check(
+                (self.attribute)(&mut major, ATTR_CC_MAJOR, index),
+                "capability query",
+            )?;
+            self.check(
+                (self.attribute)(&mut minor, ATTR_CC_MINOR, index),
+                "capability query",
+            )?;
+        }
+        Ok((major, minor))
+    }
+
+    /// Make `index` the calling thread's current device until the guard drops.
+    pub(crate) fn device_guard(&self, index: i32) -> Result<DeviceGuard<'_>> {
+        let mut previous: c_int = 0;
+        // SAFETY: writes one int / takes a device index that exists (callers
+        // checked it when the graph was loaded).
+        unsafe {
+            self.check((self.get_device)(&mut previous), "cudaGetDevice")?;
+            self.check((self.set_device)(index), "cudaSetDevice")?;
+        }
+        Ok(DeviceGuard {
+            cuda: self,
+            previous,
+        })
+    }
+
+    /// Make `stream` torch's current stream of `index` until the guard drops,
+    /// so that libtorch's copies and allocations are ordered on it.
+    pub(crate) fn stream_guard(&self, stream: usize, index: i32) -> Result<StreamGuard<'_>> {
+        let mut guard: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `stream` is a cudaStream_t of device `index` (the caller's
+        // contract for every stream this crate is given), or 0 for the legacy
+        // default stream; the guard is deleted exactly once on drop.
+        let rc = unsafe { (self.stream_guard_new)(stream as *mut c_void, index, &mut guard) };
+        if rc != 0 || guard.is_null() {
+            return Err(Error::new(
+                Code::RunExecutionFailed,
+                format!("libtorch could not make stream {stream:#x} current on cuda:{index}"),
+            ));
+        }
+        Ok(StreamGuard { cuda: self, guard })
+    }
+
+    /// Block until all work queued on `stream` (0: the legacy default stream) is done.
+    pub fn synchronize(&self, stream: usize) -> Result<()> {
+        // SAFETY: the caller passes a live stream handle or 0.
+        self.check(
+            unsafe { (self.stream_synchronize)(stream as *mut c_void) },
+            "stream synchronisation",
+        )
+    }
+
+    /// Block until the current device is idle.
+    pub(crate) fn synchronize_device(&self) -> Result<()> {
+        // SAFETY: no arguments.
+        self.check(
+            unsafe { (self.device_synchronize)() },
+            "device synchronisation",
+        )
+    }
+
+    /// Make `consumer` wait for the work queued so far on `producer` (an event
+    /// recorded on one, waited for on the other; the host does not block).
+    pub fn order_streams(&self, producer: usize, consumer: usize) -> Result<()> {
+        if producer == consumer {
+            return Ok(());
+        }
+        let mut event: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the event is created, used on two live streams and destroyed
+        // once; destroying a recorded event is allowed before it completes.
+        unsafe {
+            self.check(
+                (self.event_create)(&mut event, EVENT_DISABLE_TIMING),
+                "cudaEventCreateWithFlags",
+            )?;
+            let recorded = self.check(
+                (self.event_record)(event, producer as *mut c_void),
+                "cudaEventRecord",
+            );
+            let waited = recorded.and_then(|()| {
+                self.check(
+                    (self.wait_event)(consumer as *mut c_void, event, 0),
+                    "cudaStreamWaitEvent",
+                )
+            });
+            (self.event_destroy)(event);
+            waited
+        }
+    }
+}
+
+/// Restores the thread's previous CUDA device on drop.
+pub(crate) struct DeviceGuard<'a> {
+    cuda: &'a Cuda,
+    previous: c_int,
+}
+
+impl Drop for DeviceGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `previous` was the thread's current device a moment ago.
+        unsafe { (self.cuda.set_device)(self.previous) };
+    }
+}
+
+/// Restores torch's previous current stream on drop.
+pub(crate) struct StreamGuard<'a> {
+    cuda: &'a Cuda,
+    guard: *mut c_void,
+}
+
+impl Drop for StreamGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by `stream_guard` and deleted exactly once here.
+        unsafe { (self.cuda.stream_guard_delete)(self.guard) };
+    }
+}
+
+/// Device memory from `cudaMalloc`, freed on drop: the staging area weights
+/// pass through on their way into a graph's own constant buffer.
+pub(crate) struct DeviceBuffer<'a> {
+    cuda: &'a Cuda,
+    ptr: *mut c_void,
+}
+
+impl<'a> DeviceBuffer<'a> {
+    /// `bytes` bytes on the current device (at least one, so the pointer is real).
+    pub(crate) fn new(cuda: &'a Cuda, bytes: usize) -> Result<DeviceBuffer<'a>> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one pointer; the memory is freed once on drop.
+        cuda.check(
+            unsafe { (cuda.malloc)(&mut ptr, bytes.max(1)) },
+            "cudaMalloc",
+        )?;
+        Ok(DeviceBuffer { cuda, ptr })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr.cast()
+    }
+
+    /// Copy `src` to `offset` (synchronous; `src` may be pageable host memory).
+    ///
+    /// # Safety
+    /// `offset + src.len()` must lie inside the buffer.
+    pub(crate) unsafe fn upload(&self, offset: usize, src: &[u8]) -> Result<()> {
+        // SAFETY: the caller keeps the range inside the allocation; `src` is a
+        // live slice; cudaMemcpy returns after the copy.
+        self.cuda.check(
+            unsafe {
+                (self.cuda.memcpy)(
+                    self.ptr().add(offset).cast(),
+                    src.as_ptr().cast(),
+                    src.len(),
+                    MEMCPY_HOST_TO_DEVICE,
+                )
+            },
+            "weight upload",
+        )
+    }
+}
+
+impl Drop for DeviceBuffer<'_> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cudaMalloc and freed once; cudaFree waits for
+        // work that uses it.
+        unsafe { (self.cuda.free)(self.ptr) };
+    }
+}
+
+/// The process-wide CUDA state, opened once from the one libtorch directory.
+pub(crate) static CUDA: OnceLock<std::result::Result<Cuda, (Code, String)>> = OnceLock::new();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_print() {
+        assert_eq!(Device::parse("cpu").unwrap(), Device::Cpu);
+        assert_eq!(Device::parse("cuda").unwrap(), Device::Cuda(0));
+        assert_eq!(Device::parse("cuda:3").unwrap(), Device::Cuda(3));
+        assert_eq!(Device::Cuda(2).to_string(), "cuda:2");
+        for bad in [
+            "",
+            "gpu",
+            "cuda:",
+            "cuda:-1",
+            "cuda:x",
+            "cuda:99999",
+            "cuda:0 ",
+        ] {
+            let err = Device::parse(bad).unwrap_err();
+            assert_eq!(err.code(), Code::RunDeviceMismatch, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,408 @@
+//! Serving a stored graph from Rust, with no Python at all: resolve a key from
+//! a store (verified and admitted by `tcg-core`), check the torch installation
+//! against the artifact's toolchain, load the graph on the CPU or a GPU, bind
+//! its weights, and run calls whose inputs are checked against the artifact's
+//! call ingress first. What `StoredCompiledGraph.load_native` does in Python,
+//! for a Rust server to embed (see `examples/serve.rs` and docs/run.md).
+//!
+//! Calls take the graph's tensor inputs flat, in the order of the exported
+//! program's inputs, and return its outputs flat, in its output order (the
+//! Python layer's `(args, kwargs)` tree convention is not interpreted here).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use tcg_core::engine::{Engine, Resolved};
+use tcg_core::{Code, Error, Result};
+
+use crate::cuda::Device;
+use crate::graph::{Graph, Input};
+use crate::inputs::Dim;
+use crate::torch::{OwnedTensor, Torch};
+
+/// One dimension the call ingress states.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Size {
+    Static(i64),
+    Symbol(String),
+}
+
+/// The per-input facts a call is checked against, in input order.
+#[derive(Debug, Clone)]
+struct Fact {
+    dtype: String,
+    dims: Vec<Size>,
+}
+
+/// A symbol's inclusive range, by name.
+type Symbols = BTreeMap<String, (i64, i64)>;
+/// Per input and dimension, the wrapper's bounds of a symbolic size.
+type Ranges = Vec<Vec<Option<(Option<i64>, Option<i64>)>>>;
+
+/// A resolved graph, loaded with its weights bound, ready to serve calls.
+pub struct Served {
+    graph: Graph,
+    resolved: Resolved,
+    facts: Vec<Fact>,
+    symbols: Symbols,
+    ranges: Ranges,
+    torch_check: &'static str,
+}
+
+impl std::fmt::Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Served")
+            .field("key", &self.resolved.key)
+            .field("device", &self.graph.device())
+            .finish()
+    }
+}
+
+fn unsupported(message: String) -> Error {
+    Error::new(Code::RunNativeUnsupported, message)
+}
+
+/// The toolchain digest of the torch distribution owning `torch_lib`: the
+/// first 16 hex of SHA-256 of its `RECORD` (the formula of
+/// `toolchain.record_digest`); `None` when no single `torch-*.dist-info` sits
+/// beside the package.
+pub fn torch_record_digest(torch_lib: &Path) -> Option<String> {
+    let lib = std::fs::canonicalize(torch_lib).ok()?;
+    let site = lib.parent()?.parent()?;
+    let infos: Vec<PathBuf> = std::fs::read_dir(site)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("torch-")
+                    && n.ends_with(".dist-info")
+                    && n.as_bytes().get(6).is_some_and(u8::is_ascii_digit)
+            })
+        })
+        .collect();
+    let [info] = infos.as_slice() else {
+        return None;
+    };
+    let record = std::fs::read_to_string(info.join("RECORD")).ok()?;
+    let digest = Sha256::digest(record.as_bytes());
+    Some(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
+}
+
+/// Refuse a torch other than the one that compiled the artifact; say what was
+/// checked (`"record digest"`, or `"not recorded"` when the artifact states no
+/// digest this project computes).
+pub fn check_torch(resolved: &Resolved, torch_lib: &Path) -> Result<&'static str> {
+    let Some(recorded) = resolved.metadata.toolchain().get("torch") else {
+        return Ok("not recorded");
+    };
+    let is_digest = recorded.len() == 16
+        && recorded
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if !is_digest {
+        return Ok("not recorded");
+    }
+    match torch_record_digest(torch_lib) {
+        Some(found) if &found == recorded => Ok("record digest"),
+        Some(found) => Err(Error::new(
+            Code::RunTorchMismatch,
+            format!(
+                "the artifact was compiled with torch {recorded}; the torch at {} is {found}",
+                torch_lib.display()
+            ),
+        )),
+        None => Err(Error::new(
+            Code::RunTorchMismatch,
+            format!(
+                "the artifact was compiled with torch {recorded}, and the torch at {} has no distribution RECORD to compare",
+                torch_lib.display()
+            ),
+        )),
+    }
+}
+
+/// The call ingress's rows (SPEC-v1 §3.9), validated when the artifact was
+/// resolved: per input its dtype and sizes, and the symbols' ranges.
+fn ingress(resolved: &Resolved) -> Option<(Vec<Fact>, Symbols)> {
+    let value = resolved.metadata.value();
+    let ingress = value
+        .get("graph_class")?
+        .as_object()?
+        .get("graph")?
+        .as_object()?
+        .get("pytree")?
+        .as_object()?
+        .get("ingress")?
+        .as_object()?;
+    let mut rows: Vec<(i64, Fact)> = Vec::new();
+    for row in ingress.get("inputs")?.as_array()? {
+        let row = row.as_object()?;
+        let dims = row
+            .get("shape")?
+            .as_array()?
+            .iter()
+            .map(|d| match (d.as_i64(), d.as_str()) {
+                (Some(v), _) => Some(Size::Static(v)),
+                (None, Some(s)) => Some(Size::Symbol(s.to_owned())),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        rows.push((
+            row.get("position")?.as_i64()?,
+            Fact {
+                dtype: row.get("dtype")?.as_str()?.to_owned(),
+                dims,
+            },
+        ));
+    }
+    rows.sort_by_key(|(p, _)| *p);
+    let mut symbols = BTreeMap::new();
+    for (name, range) in ingress.get("symbols")?.as_object()? {
+        let range = range.as_array()?;
+        symbols.insert(
+            name.clone(),
+            (range.first()?.as_i64()?, range.get(1)?.as_i64()?),
+        );
+    }
+    Some((rows.into_iter().map(|(_, f)| f).collect(), symbols))
+}
+
+impl Served {
+    /// Resolve `key` from the store at `store` into `destination` and load it
+    /// on `device` (`cpu`, `cuda:N`) with libtorch from `torch_lib`, binding
+    /// the safetensors file `weights`. `None` on a clean miss; every refusal
+    /// of resolve (quarantine, admission) and of loading is an error.
+    pub fn open(
+        store: &Path,
+        key: &str,
+        destination: &Path,
+        torch_lib: &Path,
+        device: &str,
+        weights: &Path,
+    ) -> Result<Option<Served>> {
+        let engine = Engine::open(store)?;
+        let Some(resolved) = engine.resolve(key, destination)? else {
+            return Ok(None);
+        };
+        Served::load(resolved, torch_lib, device, weights).map(Some)
+    }
+
+    /// Load an artifact already resolved (see [`Served::open`]).
+    pub fn load(
+        resolved: Resolved,
+        torch_lib: &Path,
+        device: &str,
+        weights: &Path,
+    ) -> Result<Served> {
+        let torch_check = check_torch(&resolved, torch_lib)?;
+        let torch = Torch::open(torch_lib)?;
+        let graph = Graph::load(
+            torch,
+            &resolved
+                .destination
+                .join(tcg_core::artifact::PACKAGE_MEMBER),
+            resolved.metadata.name(),
+            device,
+            resolved.metadata.sm(),
+            resolved.metadata.constants().to_vec(),
+        )?;
+        let (facts, symbols, ranges) = match ingress(&resolved) {
+            Some((facts, symbols)) => {
+                if facts.len() != graph.num_inputs() {
+                    return Err(Error::new(
+                        Code::RunPackageInvalid,
+                        format!(
+                            "the call ingress lists {} inputs, the graph takes {}",
+                            facts.len(),
+                            graph.num_inputs()
+                        ),
+                    ));
+                }
+                (facts, symbols, Vec::new())
+            }
+            None => {
+                let wrapper = graph.input_facts().ok_or_else(|| {
+                    unsupported(
+                        "the artifact records no call ingress and its wrapper states no input checks, so inputs cannot be checked before a call".into(),
+                    )
+                })?;
+                let facts = wrapper
+                    .iter()
+                    .map(|f| Fact {
+                        dtype: f.dtype.clone(),
+                        dims: f
+                            .dims
+                            .iter()
+                            .map(|d| match d {
+                                Dim::Static(v) => Size::Static(*v),
+                                Dim::Range(..) => Size::Symbol(String::new()),
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                let ranges = wrapper
+                    .iter()
+                    .map(|f| {
+                        f.dims
+                            .iter()
+                            .map(|d| match d {
+                                Dim::Range(lo, hi) => Some((*lo, *hi)),
+                                Dim::Static(_) => None,
+                            })
+                            .collect()
+                    })
+                    .collect();
+                (facts, BTreeMap::new(), ranges)
+            }
+        };
+        let literals = resolved
+            .destination
+            .join(tcg_core::artifact::LITERALS_MEMBER);
+        graph.bind(weights, graph.has_literals().then_some(literals.as_path()))?;
+        Ok(Served {
+            graph,
+            resolved,
+            facts,
+            symbols,
+            ranges,
+            torch_check,
+        })
+    }
+
+    /// The resolved artifact (key, directory, metadata).
+    pub fn resolved(&self) -> &Resolved {
+        &self.resolved
+    }
+    /// The loaded graph.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+    /// How the torch installation was matched to the artifact's.
+    pub fn torch_check(&self) -> &'static str {
+        self.torch_check
+    }
+    /// The libtorch in use (for [`OwnedTensor`] and CUDA helpers).
+    pub fn torch(&self) -> &Arc<Torch> {
+        self.graph.torch()
+    }
+
+    /// Bind a new weights file, with the checks of loading; a refused rebind
+    /// leaves the bound weights in place.
+    pub fn rebind(&self, weights: &Path) -> Result<()> {
+        let literals = self
+            .resolved
+            .destination
+            .join(tcg_core::artifact::LITERALS_MEMBER);
+        self.graph.bind(
+            weights,
+            self.graph.has_literals().then_some(literals.as_path()),
+        )
+    }
+
+    /// Check `inputs` against the call ingress (dtype, rank, static sizes,
+    /// symbol ranges, the same symbol equal everywhere) without running.
+    pub fn check(&self, inputs: &[Input]) -> Result<()> {
+        if inputs.len() != self.facts.len() {
+            return Err(Error::new(
+                Code::RunCallInvalid,
+                format!(
+                    "the graph takes {} tensor inputs, got {}",
+                    self.facts.len(),
+                    inputs.len()
+                ),
+            ));
+        }
+        let bad = |m: String| Error::new(Code::RunInputMismatch, m);
+        let mut bound: BTreeMap<&str, i64> = BTreeMap::new();
+        for (i, (input, fact)) in inputs.iter().zip(&self.facts).enumerate() {
+            if input.dtype != fact.dtype {
+                return Err(bad(format!(
+                    "input {i} is {}, the graph was compiled for {}",
+                    input.dtype, fact.dtype
+                )));
+            }
+            if input.shape.len() != fact.dims.len() {
+                return Err(bad(format!(
+                    "input {i} has rank {}, the graph was compiled for {}",
+                    input.shape.len(),
+                    fact.dims.len()
+                )));
+            }
+            for (k, (&size, dim)) in input.shape.iter().zip(&fact.dims).enumerate() {
+                match dim {
+                    Size::Static(v) if *v != size => {
+                        return Err(bad(format!(
+                            "input {i} has size {size} at dimension {k}, the graph needs {v}"
+                        )))
+                    }
+                    Size::Static(_) => {}
+                    Size::Symbol(name) if name.is_empty() => {
+                        let range = self.ranges.get(i).and_then(|r| r.get(k)).copied().flatten();
+                        if let Some((lo, hi)) = range {
+                            if lo.is_some_and(|lo| size < lo) || hi.is_some_and(|hi| size > hi) {
+                                return Err(bad(format!(
+                                    "input {i} has size {size} at dimension {k}, outside [{lo:?}, {hi:?}]"
+                                )));
+                            }
+                        }
+                    }
+                    Size::Symbol(name) => {
+                        let (lo, hi) = self.symbols.get(name).copied().ok_or_else(|| {
+                            Error::new(
+                                Code::RunPackageInvalid,
+                                format!("the call ingress names symbol {name} without a range"),
+                            )
+                        })?;
+                        if size < lo || size > hi {
+                            return Err(bad(format!(
+                                "input {i} has size {size} at dimension {k}; {name} must be in [{lo}, {hi}]"
+                            )));
+                        }
+                        if *bound.entry(name).or_insert(size) != size {
+                            return Err(bad(format!(
+                                "input {i} has size {size} at dimension {k}, but {name} is {} elsewhere",
+                                bound[name.as_str()]
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Check `inputs` ([`Served::check`]) and run the graph with its work
+    /// queued on `stream` (0: the default stream; always 0 on CPU).
+    ///
+    /// # Safety
+    /// As [`Graph::run_on`]: each input's memory stays valid and unchanged
+    /// until the work queued on `stream` is done.
+    pub unsafe fn run(&self, inputs: &[Input], stream: usize) -> Result<Vec<OwnedTensor>> {
+        self.check(inputs)?;
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.graph.run_on(inputs, stream) }
+    }
+
+    /// Run on host buffers `(bytes, dtype, shape)`, which are copied to the
+    /// graph's device when it is a GPU; a safe call for servers that receive
+    /// their inputs as bytes.
+    pub fn run_host(&self, inputs: &[(&[u8], &str, &[i64])]) -> Result<Vec<OwnedTensor>> {
+        let described: Vec<Input> = inputs
+            .iter()
+            .map(|(bytes, dtype, shape)| Input {
+                data: bytes.as_ptr() as usize,
+                nbytes: bytes.len(),
+                dtype: (*dtype).to_owned(),
+                shape: shape.to_vec(),
+                device: Device::Cpu,
+            })
+            .collect();
+        // SAFETY: the slices are borrowed for the whole call; on a CPU graph
+        // the call returns after running, and on a GPU each host buffer is
+        // copied to the device (a blocking copy) before the call returns.
+        unsafe { self.run(&described, 0) }
+    }
+}

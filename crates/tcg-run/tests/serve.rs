@@ -1,0 +1,218 @@
+//! The Rust serving path on the CPU: the reference artifact imported into a
+//! real store, resolved and served by `tcg_run::Served` (and by the `serve`
+//! example, run as its own process), with the input checks and refusals.
+//! The same example runs on a GPU in `scripts/cuda_e2e.py`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tcg_core::engine::Engine;
+use tcg_core::Code;
+use tcg_run::{Device, Input, Served};
+
+const KEY: &str = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004ba1cd363a";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    root().join("testdata/reference-0.2.0").join(name)
+}
+
+fn torch_lib() -> PathBuf {
+    std::env::var_os("TCG_TORCH_LIB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/lib/python3.11/site-packages/torch/lib"))
+}
+
+fn store(dir: &Path) -> PathBuf {
+    let store = dir.join("store");
+    Engine::open(&store)
+        .unwrap()
+        .import_artifact(KEY, &fixture("mlp-cpu.tar.gz"))
+        .unwrap();
+    store
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn io() -> (Vec<u8>, Vec<u8>) {
+    let bytes = std::fs::read(fixture("mlp-cpu.io.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    (
+        st.tensor("x").unwrap().data().to_vec(),
+        st.tensor("y").unwrap().data().to_vec(),
+    )
+}
+
+#[test]
+fn a_stored_key_is_resolved_loaded_and_served_without_python() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let weights = fixture("mlp-cpu.weights.safetensors");
+    let served = Served::open(
+        &store,
+        KEY,
+        &dir.path().join("g"),
+        &torch_lib(),
+        "cpu",
+        &weights,
+    )
+    .unwrap()
+    .expect("the key is in the store");
+    assert_eq!(served.graph().device(), Device::Cpu);
+    // The reference fixture records no toolchain digest this project computes.
+    assert_eq!(served.torch_check(), "not recorded");
+    let (x, y) = io();
+    let out = served.run_host(&[(&x, "float32", &[4, 16])]).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].sizes(), &[4, 8]);
+    let got = f32s(&out[0].to_host().unwrap());
+    for (g, w) in got.iter().zip(f32s(&y)) {
+        assert!((g - w).abs() <= 1e-5 + 1e-5 * w.abs(), "{g} vs {w}");
+    }
+    // Inputs are checked before the graph runs.
+    let err = served.run_host(&[(&x, "float64", &[4, 8])]).unwrap_err();
+    assert_eq!(err.code(), Code::RunInputMismatch);
+    let err = served
+        .run_host(&[(&x[..128], "float32", &[2, 16])])
+        .unwrap_err();
+    assert_eq!(err.code(), Code::RunInputMismatch);
+    let err = served.run_host(&[]).unwrap_err();
+    assert_eq!(err.code(), Code::RunCallInvalid);
+    let err = served
+        .run_host(&[(&x[..60], "float32", &[4, 16])])
+        .unwrap_err();
+    assert_eq!(err.code(), Code::RunInputLayout);
+    // A GPU buffer for a CPU graph is refused before anything reads it.
+    let gpu = Input {
+        data: 0x1000,
+        nbytes: 256,
+        dtype: "float32".into(),
+        shape: vec![4, 16],
+        device: Device::Cuda(0),
+    };
+    // SAFETY: refused before the address is described to libtorch.
+    let err = unsafe { served.run(&[gpu], 0) }.unwrap_err();
+    assert_eq!(err.code(), Code::RunDeviceMismatch);
+    // Rebind refuses a wrong file and keeps the old weights.
+    let err = served
+        .rebind(&fixture("mlp-cpu.io.safetensors"))
+        .unwrap_err();
+    assert_eq!(err.code(), Code::RunConstantMissing);
+    let again = f32s(
+        &served.run_host(&[(&x, "float32", &[4, 16])]).unwrap()[0]
+            .to_host()
+            .unwrap(),
+    );
+    assert_eq!(again, got);
+}
+
+#[test]
+fn a_miss_is_none_and_a_cpu_artifact_is_refused_on_a_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let weights = fixture("mlp-cpu.weights.safetensors");
+    let other = format!("{}0", &KEY[..KEY.len() - 1]);
+    let missing = Served::open(
+        &store,
+        &other,
+        &dir.path().join("m"),
+        &torch_lib(),
+        "cpu",
+        &weights,
+    );
+    assert!(missing.unwrap().is_none());
+    let err = Served::open(
+        &store,
+        KEY,
+        &dir.path().join("c"),
+        &torch_lib(),
+        "cuda:0",
+        &weights,
+    )
+    .unwrap_err();
+    assert_eq!(err.code(), Code::RunDeviceMismatch);
+}
+
+/// The example binary, which `cargo test` builds beside the test binaries
+/// (a filtered run such as `--test serve` does not: build it first with
+/// `cargo build -p tcg-run --example serve`).
+fn example() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join("examples").join("serve");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo test -p tcg-run` (or `cargo build -p tcg-run --example serve`) first",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn the_serve_example_runs_as_its_own_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let run = |out: &str, dest: &str| {
+        Command::new(example())
+            .args(["--store".as_ref(), store.as_os_str()])
+            .args(["--key", KEY, "--in", "x", "--out", out, "--repeat", "5"])
+            .args(["--dest".as_ref(), dir.path().join(dest).as_os_str()])
+            .args(["--torch-lib".as_ref(), torch_lib().as_os_str()])
+            .args([
+                "--weights".as_ref(),
+                fixture("mlp-cpu.weights.safetensors").as_os_str(),
+            ])
+            .args([
+                "--io".as_ref(),
+                fixture("mlp-cpu.io.safetensors").as_os_str(),
+            ])
+            .output()
+            .expect("the serve example was built by cargo test")
+    };
+    let ok = run("y", "a");
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(
+        stdout.contains("\"ok\":true") && stdout.contains("\"calls\":5"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("\"device\":\"cpu\""), "{stdout}");
+    // Compared against the wrong tensor: an expected negative, exit 1.
+    let wrong = run("x", "b");
+    assert_eq!(
+        wrong.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&wrong.stdout)
+    );
+    // A refusal (a key the store lacks) is exit 2 with a code on stderr.
+    let missing = Command::new(example())
+        .args(["--store".as_ref(), store.as_os_str()])
+        .args(["--key", "not-a-key", "--in", "x"])
+        .args(["--dest".as_ref(), dir.path().join("c").as_os_str()])
+        .args(["--torch-lib".as_ref(), torch_lib().as_os_str()])
+        .args([
+            "--weights".as_ref(),
+            fixture("mlp-cpu.weights.safetensors").as_os_str(),
+        ])
+        .args([
+            "--io".as_ref(),
+            fixture("mlp-cpu.io.safetensors").as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("code: "));
+}
