@@ -114,7 +114,8 @@ impl Engine {
             .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
             .map(|f| {
                 let mut b = Vec::new();
-                let _ = f.take(64).read_to_end(&mut b);
+                // Bounded by the slots we know (a hostile file is not read whole).
+                let _ = f.take(COUNTERS.len() as u64 * 8).read_to_end(&mut b);
                 b
             })
             .unwrap_or_default();
