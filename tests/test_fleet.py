@@ -127,6 +127,18 @@ def test_resolve_cli_with_remote_and_pull_prefetch(fleet: str, tmp_path: Path) -
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["source"] == "remote"
+    # With a remote, resolve creates the missing local store (a fetch writes);
+    # without one it is read-only: a missing store is store.not_found and
+    # nothing is created. push only reads the local store, so it needs it too.
+    assert (tmp_path / "d" / "FORMAT").exists()
+    for args in (
+        ("resolve", "--cas-root", str(tmp_path / "e"), REFERENCE_KEY, str(tmp_path / "ge")),
+        ("push", "--cas-root", str(tmp_path / "e"), "--remote", fleet, REFERENCE_KEY),
+    ):
+        refused = cli(*args, env={"TORCH_COMPILED_GRAPHS_REMOTE": ""})
+        assert refused.returncode == 2, refused.stderr
+        assert "code: store.not_found" in refused.stderr, refused.stderr
+        assert not (tmp_path / "e").exists()
 
 
 def test_the_environment_names_the_remote(fleet: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
