@@ -2,7 +2,8 @@
 in the same session. Results go to bench-out/ (JSON) and are summarised on
 stdout; docs/benchmarks.md records them with this command.
 
-    python scripts/bench.py [section ...]     sections: resolve, store, verify, ttfi, mint (default: all)
+    python scripts/bench.py [section ...]     sections: resolve, store, verify, ttfi, mint, fleet (default: all);
+                                              fleet-io is fleet without the 8-worker cold start
 """
 
 from __future__ import annotations
@@ -328,6 +329,146 @@ def bench_mint(repeat: int) -> dict[str, object]:
     return results
 
 
+def bench_fleet(repeat: int, cold_start: bool = True) -> dict[str, object]:
+    """The fleet tier against moto on loopback: fetch of a 256 MiB artifact vs a raw GET of
+    the same bytes; a local hit with a remote configured vs without; 8 workers' cold start
+    vs one compile."""
+    sys.path.insert(0, str(ROOT))
+    import boto3
+    from tests.fleet_support import moto_server
+
+    from torch_compiled_graphs import Engine
+
+    build_cli()
+    results: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="tcg-bench-fleet-") as tmp, moto_server() as moto:
+        work = Path(tmp)
+        env = {**CHILD_ENV, **moto.env()}
+        os.environ.update(moto.env())
+        url = f"s3://{moto.create_bucket()}/bench"
+        bucket = url[len("s3://") :].split("/")[0]
+        envelope, _ = big_artifact(work, 256)
+        a = Engine(work / "a", remote="")
+        a.import_artifact(KEY, envelope)
+        subprocess.run([CLI, "push", "--cas-root", a.root, "--remote", url, KEY], check=True, env=env)
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=moto.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        chunk_keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="bench/tcg/v1/chunks/")["Contents"]]
+        raw_get = (
+            "import boto3, sys\n"
+            f"c = boto3.client('s3', endpoint_url={moto.endpoint!r}, aws_access_key_id='testing', "
+            "aws_secret_access_key='testing', region_name='us-east-1')\n"
+            f"for k in {chunk_keys!r}:\n"
+            f"    b = c.get_object(Bucket={bucket!r}, Key=k)['Body']\n"
+            "    while b.read(1 << 20): pass\n"
+        )
+
+        def run(*args: object) -> None:
+            subprocess.run([os.fspath(x) for x in args], check=True, env=env, stdout=subprocess.DEVNULL)
+
+        fetch = medians(
+            {
+                "raw GET of the chunks (boto3, streamed to nothing)": lambda i: run(sys.executable, "-c", raw_get),
+                "pull (fetch + full verification + local store)": lambda i: run(
+                    CLI, "pull", "--cas-root", work / f"pull-{i}", "--remote", url, KEY
+                ),
+            },
+            max(3, repeat // 3),
+        )
+        for p in work.glob("pull-*"):
+            shutil.rmtree(p)
+        results["fetch_256mib"] = {
+            "artifact_bytes": envelope.stat().st_size,
+            "chunks": len(chunk_keys),
+            "median_s": fetch,
+            "pull_over_raw_get": fetch["pull (fetch + full verification + local store)"]
+            / fetch["raw GET of the chunks (boto3, streamed to nothing)"],
+        }
+        small = Engine(work / "small", remote="")
+        small.import_artifact(KEY, REFERENCE)
+        py = sys.executable
+        code = (
+            "import torch_compiled_graphs as t, sys; "
+            "t.Engine(sys.argv[1], remote=sys.argv[2]).resolve({k!r}, sys.argv[3])"
+        )
+        hit = medians(
+            {
+                "resolve, no remote": lambda i: run(py, "-c", code.format(k=KEY), small.root, "", work / f"h0-{i}"),
+                "resolve, remote configured": lambda i: run(
+                    py, "-c", code.format(k=KEY), small.root, url, work / f"h1-{i}"
+                ),
+            },
+            repeat,
+        )
+        results["local_hit"] = {
+            "median_s": hit,
+            "remote_over_none": hit["resolve, remote configured"] / hit["resolve, no remote"],
+        }
+        if cold_start:
+            results["cold_start"] = bench_fleet_cold_start(work, moto, env)
+    return results
+
+
+def bench_fleet_cold_start(work: Path, moto: object, env: dict[str, str]) -> dict[str, object]:
+    """Wall time from a common start signal until every worker has its graph: one worker on
+    a fresh bucket (one compile), then 8 workers with 8 stores on another fresh bucket; and a
+    fetch of the same artifact by a fresh store."""
+    from tests.test_fleet import WORKER
+
+    script = work / "worker.py"
+    script.write_text(WORKER.format(root=str(ROOT)))
+
+    def fleet(n: int, url: str, tag: str) -> tuple[float, list[dict[str, object]]]:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(work / f"{tag}-s{i}"), url, str(work / f"{tag}-g{i}")],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for i in range(n)
+        ]
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        t = time.perf_counter()
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [json.loads(p.communicate(timeout=1800)[0].strip().splitlines()[-1]) for p in procs]
+        return time.perf_counter() - t, outs
+
+    one, _ = fleet(1, f"s3://{moto.create_bucket()}/cold", "one")  # type: ignore[attr-defined]
+    url8 = f"s3://{moto.create_bucket()}/cold"  # type: ignore[attr-defined]
+    eight, outs = fleet(8, url8, "eight")
+    key = str(outs[0]["key"])
+    fetches = []
+    for i in range(3):
+        t = time.perf_counter()
+        subprocess.run(
+            [CLI, "pull", "--cas-root", work / f"cold-pull-{i}", "--remote", url8, key],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        fetches.append(time.perf_counter() - t)
+    fetch = statistics.median(fetches)
+    return {
+        "one_worker_s": one,
+        "eight_workers_s": eight,
+        "fetch_s": fetch,
+        "compiles": sum(int(str(o["compiled"])) for o in outs),
+        "sources": sorted(str(o["source"]) for o in outs),
+        "eight_over_one_plus_two_fetches": eight / (one + 2 * fetch),
+    }
+
+
 def run_example(package: str, example: str) -> dict[str, object]:
     out = subprocess.run(
         ["cargo", "run", "--release", "--quiet", "-p", package, "--example", example],
@@ -340,7 +481,7 @@ def run_example(package: str, example: str) -> dict[str, object]:
 
 
 def main() -> None:
-    sections = sys.argv[1:] or ["resolve", "store", "verify", "ttfi", "mint"]
+    sections = sys.argv[1:] or ["resolve", "store", "verify", "ttfi", "mint", "fleet"]
     OUT.mkdir(exist_ok=True)
     results: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     if "resolve" in sections:
@@ -360,6 +501,8 @@ def main() -> None:
         results["ttfi"] = bench_ttfi(repeat=3)
     if "mint" in sections:
         results["mint"] = bench_mint(repeat=2)
+    if "fleet" in sections or "fleet-io" in sections:
+        results["fleet"] = bench_fleet(repeat=9, cold_start="fleet" in sections)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (OUT / f"bench-{stamp}.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(json.dumps(results, indent=1, sort_keys=True))

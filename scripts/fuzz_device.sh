@@ -13,7 +13,10 @@ mkdir -p "$out" fuzz-bin/corpus
 if [ -f fuzz-bin/corpus.tar.gz ]; then tar xzf fuzz-bin/corpus.tar.gz -C fuzz-bin/corpus; fi
 # Package seeds: the model.pt2 of the small corpus envelopes (the reference
 # package is 1.6 MB, far past libFuzzer's default input length).
-mkdir -p fuzz-bin/seeds-package
+mkdir -p fuzz-bin/seeds-package fuzz-bin/seeds-elf
+# The small ELF keeps the elf target past libFuzzer's default input length
+# (the reference .so is 1.6 MB; its section table lies beyond 4 KiB).
+cp fuzz/seeds/elf/small.so fuzz-bin/seeds-elf/
 for e in testdata/adversarial/base.tar.gz testdata/adversarial/base-literals.tar.gz \
   testdata/adversarial/elf-phdr-*.tar.gz testdata/adversarial/pkg-*.tar.gz; do
   tar xzf "$e" -O model.pt2 >"fuzz-bin/seeds-package/$(basename "$e" .tar.gz).pt2" 2>/dev/null || true

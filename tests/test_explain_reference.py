@@ -63,7 +63,7 @@ def test_a_declaration_is_explained_against_the_imported_artifact(engine: Engine
     assert (e.nearest.differences[0].requested, e.nearest.differences[0].stored) == ("3.5.0", "none")
     assert "toolchain.triton: requested 3.5.0, stored none" in str(e)
     # Explanations are hashable values, like the rest of EnsureResult.
-    result = EnsureResult(EnsureOutcome.MINTED, engine.resolve(REFERENCE_KEY, engine.root / "out"), None, e)  # type: ignore[arg-type]
+    result = EnsureResult(EnsureOutcome.MINTED, engine.resolve(REFERENCE_KEY, engine.root.parent / "out"), None, e)  # type: ignore[arg-type]
     assert hash(result) == hash(result) and result.explanation is e
 
     w = engine.explain(declaration(graph_witness="0" * 16), target=sm, toolchain=toolchain)

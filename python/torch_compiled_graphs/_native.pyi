@@ -96,6 +96,7 @@ class NativeEngine:
         cls,
         root: str,
         lock_timeout: float | None = None,
+        remote: str | None = None,
         signing_key: str | None = None,
         trust: str | None = None,
         revoked_keys: str | None = None,
@@ -103,6 +104,9 @@ class NativeEngine:
     ) -> NativeEngine: ...
     @property
     def root(self) -> str: ...
+    @property
+    def remote(self) -> str | None: ...
+    def pull(self, keys: list[str]) -> list[dict[str, Any]]: ...
     @property
     def trusting(self) -> bool: ...
     @property

@@ -201,21 +201,24 @@ class StoredCompiledGraph(_Record):
     ``package_path`` are kept as aliases of ``directory`` and ``package``.
     """
 
-    __slots__ = ("_path", "key", "manifest", "metadata")
+    __slots__ = ("_path", "key", "manifest", "metadata", "source")
     key: str
     _path: str
     metadata: dict[str, Any]
     manifest: str
+    #: Where it came from: ``"local"`` (the local store), ``"remote"`` (fetched
+    #: from the fleet remote and verified) or ``"compiled"`` (minted by this call).
+    source: str
 
-    def __init__(self, key: str, path: StrPath, metadata: dict[str, Any], manifest: str) -> None:
-        self._set(key=key, _path=os.fspath(path), metadata=metadata, manifest=manifest)
+    def __init__(self, key: str, path: StrPath, metadata: dict[str, Any], manifest: str, source: str = "local") -> None:
+        self._set(key=key, _path=os.fspath(path), metadata=metadata, manifest=manifest, source=source)
 
     def __repr__(self) -> str:
         return f"StoredCompiledGraph(key={self.key!r}, directory={self._path!r})"
 
     @classmethod
     def _from_native(cls, d: Mapping[str, Any]) -> StoredCompiledGraph:
-        return cls(d["key"], d["destination"], d["metadata"], d["manifest"])
+        return cls(d["key"], d["destination"], d["metadata"], d["manifest"], d.get("source", "local"))
 
     @property
     def directory(self) -> Path:
@@ -297,14 +300,18 @@ class EnsureResult(_Record):
     hit); ``graph`` is kept as an alias of ``compiled_graph``. ``explanation``
     is set when this call compiled (a miss): whether and how the stored
     entries of the same graph class differ from the requested key; it is
-    ``None`` on a hit.
+    ``None`` on a hit. ``source`` says where the graph came from;
+    ``remote_publication`` is the fleet remote's verdict on a mint
+    (``{"outcome", "manifest"}``) or ``None``.
     """
 
-    __slots__ = ("compiled_graph", "explanation", "outcome", "publication")
+    __slots__ = ("compiled_graph", "explanation", "outcome", "publication", "remote_publication")
     outcome: EnsureOutcome
     compiled_graph: StoredCompiledGraph
     publication: StoreResult | None
     explanation: Explanation | None
+    #: The fleet remote's verdict on this mint (``{"outcome", "manifest"}``), or ``None``.
+    remote_publication: dict[str, str] | None
 
     def __init__(
         self,
@@ -312,13 +319,25 @@ class EnsureResult(_Record):
         compiled_graph: StoredCompiledGraph,
         publication: StoreResult | None = None,
         explanation: Explanation | None = None,
+        remote_publication: dict[str, str] | None = None,
     ) -> None:
-        self._set(outcome=outcome, compiled_graph=compiled_graph, publication=publication, explanation=explanation)
+        self._set(
+            outcome=outcome,
+            compiled_graph=compiled_graph,
+            publication=publication,
+            explanation=explanation,
+            remote_publication=remote_publication,
+        )
 
     @property
     def graph(self) -> StoredCompiledGraph:
         """Alias of :attr:`compiled_graph`."""
         return self.compiled_graph
+
+    @property
+    def source(self) -> str:
+        """Where the graph came from: ``"local"``, ``"remote"`` or ``"compiled"``."""
+        return self.compiled_graph.source
 
     def __repr__(self) -> str:
         return (
@@ -346,7 +365,10 @@ class Engine:
     ``store`` is a :class:`~torch_compiled_graphs.LocalCAS`, a store root path,
     or ``None`` for :func:`default_store_root` (``root=`` is accepted as a
     keyword alias). ``lock_timeout`` bounds how long ``ensure`` waits for
-    another process minting the same key.
+    another process minting the same key. ``remote`` (``s3://bucket/prefix``;
+    default ``$TORCH_COMPILED_GRAPHS_REMOTE``, ``""`` for none) names a fleet
+    remote consulted on a local miss; see docs/fleet.md. Nothing is contacted
+    until a miss needs it.
 
     Signed provenance (docs/trust.md): ``signing_key`` (an unencrypted OpenSSH
     ed25519 private key file) signs every artifact this engine mints;
@@ -364,6 +386,7 @@ class Engine:
         *,
         lock_timeout: float | None = None,
         root: StrPath | None = None,
+        remote: str | None = None,
         signing_key: StrPath | None = None,
         trust: StrPath | None = None,
         revoked_keys: StrPath | None = None,
@@ -373,6 +396,8 @@ class Engine:
             if store is not None:
                 raise TypeError("Engine() takes a store or root=, not both")
             store = root
+        if remote is None:
+            remote = os.environ.get("TORCH_COMPILED_GRAPHS_REMOTE", "")
 
         def opt(p: StrPath | None) -> str | None:
             return None if p is None else os.fspath(p)
@@ -380,11 +405,22 @@ class Engine:
         self._native = _native.NativeEngine(
             _store_root(store),
             lock_timeout,
+            remote.strip() or None,
             opt(signing_key),
             opt(trust),
             opt(revoked_keys),
             producer,
         )
+
+    @property
+    def remote(self) -> str | None:
+        """The fleet remote's URL, or ``None``."""
+        return self._native.remote
+
+    def pull(self, keys: list[str]) -> list[dict[str, Any]]:
+        """Bring ``keys`` into the local store from the remote, verified; one row a key with its
+        ``source`` (``"local"``, ``"remote"`` or ``None`` when neither has it)."""
+        return list(self._native.pull(list(keys)))
 
     @property
     def root(self) -> Path:
@@ -438,6 +474,7 @@ class Engine:
             StoredCompiledGraph._from_native(out["resolved"]),
             None if publication is None else StoreResult._from_native(publication),
             explanation,
+            out.get("remote_publication"),
         )
 
     def explain(

@@ -187,13 +187,49 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Hits, misses, mints, quarantines and bytes of a store.
+    /// Hits, misses, mints, quarantines, remote counters and bytes of a store.
     Stats {
         #[command(flatten)]
         store: StoreArg,
         /// Print JSON.
+        #[arg(long, conflicts_with = "prometheus")]
+        json: bool,
+        /// Print the Prometheus text exposition format (for a node
+        /// exporter's textfile collector).
+        #[arg(long)]
+        prometheus: bool,
+    },
+    /// Publish local records to the remote, first writer wins.
+    Push {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Keys to publish [default: every local key].
+        keys: Vec<String>,
+        /// Read more keys from this file (one a line; `-` is stdin).
+        #[arg(long, value_name = "FILE")]
+        from: Option<PathBuf>,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Prefetch keys from the remote into the local store (verified), for
+    /// warm-up and offline bundles. Exit 1 if a key was found nowhere.
+    Pull {
+        #[command(flatten)]
+        store: StoreArg,
+        /// Keys to fetch [default: every key the remote has].
+        keys: Vec<String>,
+        /// Read more keys from this file (one a line; `-` is stdin).
+        #[arg(long, value_name = "FILE")]
+        from: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Operate the fleet remote.
+    Fleet {
+        #[command(subcommand)]
+        command: crate::fleet::FleetCommand,
     },
 }
 
@@ -202,6 +238,10 @@ pub(crate) struct StoreArg {
     /// The store root [default: $XDG_CACHE_HOME/torch-compiled-graphs].
     #[arg(long = "cas-root", value_name = "DIR")]
     cas_root: Option<PathBuf>,
+    /// A fleet remote consulted on a local miss, s3://bucket/prefix
+    /// [default: $TORCH_COMPILED_GRAPHS_REMOTE].
+    #[arg(long = "remote", value_name = "URL")]
+    remote: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -272,14 +312,57 @@ fn signature_rows(artifact: &std::path::Path) -> anyhow::Result<Option<Vec<Value
 }
 
 impl StoreArg {
-    /// An engine over the store, created if absent (import, gc).
-    fn engine(&self) -> anyhow::Result<Engine> {
+    /// The remote URL: `--remote`, else the environment.
+    pub(crate) fn remote_url(&self) -> Option<String> {
+        self.remote
+            .clone()
+            .or_else(tcg_remote::RemoteConfig::env_url)
+    }
+
+    /// The remote, required.
+    pub(crate) fn remote(&self) -> anyhow::Result<std::sync::Arc<tcg_remote::Remote>> {
+        let url = self.remote_url().context(
+            "this command needs a remote: pass --remote s3://bucket/prefix or set TORCH_COMPILED_GRAPHS_REMOTE",
+        )?;
+        Ok(std::sync::Arc::new(tcg_remote::Remote::from_url(&url)?))
+    }
+
+    /// Attach the remote to `engine` when one is configured.
+    fn with_configured_remote(&self, engine: Engine) -> anyhow::Result<Engine> {
+        Ok(match self.remote_url() {
+            Some(url) => {
+                engine.with_remote(std::sync::Arc::new(tcg_remote::Remote::from_url(&url)?))
+            }
+            None => engine,
+        })
+    }
+
+    /// An engine over the store, created if absent (import, gc), with the
+    /// remote attached when one is configured.
+    pub(crate) fn engine(&self) -> anyhow::Result<Engine> {
+        self.with_configured_remote(self.local_engine()?)
+    }
+
+    /// The engine for `resolve`. Without a remote the store must exist
+    /// (`store.not_found`; resolving never creates one). With a remote a local
+    /// miss is a fetch, which writes, so the local store is created if absent.
+    fn resolving(&self) -> anyhow::Result<Engine> {
+        if self.remote_url().is_some() {
+            self.engine()
+        } else {
+            self.existing()
+        }
+    }
+
+    /// The engine over the local store alone, created if absent.
+    pub(crate) fn local_engine(&self) -> anyhow::Result<Engine> {
         let root = self.root()?;
         Engine::open(&root).with_context(|| format!("cannot open the store at {}", root.display()))
     }
 
-    /// An engine over an existing store; nothing is created (`store.not_found`).
-    fn existing(&self) -> anyhow::Result<Engine> {
+    /// An engine over an existing local store; nothing is created
+    /// (`store.not_found`).
+    pub(crate) fn existing(&self) -> anyhow::Result<Engine> {
         let root = self.root()?;
         Engine::open_existing(&root)
             .with_context(|| format!("cannot open the store at {}", root.display()))
@@ -321,7 +404,7 @@ pub(crate) fn print_json(value: &Value) -> anyhow::Result<()> {
     print_line(&tcg_cj::to_canonical_string(value)?)
 }
 
-fn print_report(value: &Value, json: bool) -> anyhow::Result<()> {
+pub(crate) fn print_report(value: &Value, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(value);
     }
@@ -504,7 +587,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             dest,
             json,
         } => {
-            let engine = store.existing()?;
+            let engine = store.resolving()?;
             match engine.resolve(&key, &dest) {
                 Ok(Some(r)) => {
                     let mut m = metadata_summary(&r.metadata);
@@ -513,6 +596,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                         r.destination.display().to_string().into(),
                     );
                     m.insert("manifest".into(), r.manifest.into());
+                    m.insert("source".into(), r.source.as_str().into());
                     if json {
                         print_json(&Value::Object(m))?;
                     } else {
@@ -646,10 +730,32 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             graph_class,
             json,
         } => crate::explain::run(&store.engine()?, &keys, graph_class.as_deref(), json),
-        Command::Stats { store, json } => {
-            print_report(&store.existing()?.stats()?, json)?;
+        Command::Stats {
+            store,
+            json,
+            prometheus,
+        } => {
+            let stats = store.existing()?.stats()?;
+            if prometheus {
+                print_line(crate::fleet::prometheus(&stats).trim_end())?;
+            } else {
+                print_report(&stats, json)?;
+            }
             Ok(Outcome::Success)
         }
+        Command::Push {
+            store,
+            keys,
+            from,
+            json,
+        } => crate::fleet::push(&store, keys, from, json),
+        Command::Pull {
+            store,
+            keys,
+            from,
+            json,
+        } => crate::fleet::pull(&store, keys, from, json),
+        Command::Fleet { command } => crate::fleet::dispatch(command),
         Command::CheckKey { value } => {
             if identity::is_compiled_graph_key(&value) {
                 print_line("valid")?;

@@ -9,6 +9,7 @@
 mod adopt;
 mod commands;
 mod explain;
+mod fleet;
 mod output;
 
 use clap::Parser;

@@ -179,6 +179,18 @@ codes! {
     /// A destination lies inside the store root.
     StoreDestinationInStore => Storage, "store.destination_in_store";
 
+    /// The remote URL or a remote setting is not usable.
+    RemoteConfigInvalid => Storage, "remote.config_invalid";
+    /// The remote tier did not answer in time or refused (operator commands only:
+    /// resolve and ensure treat it as a miss).
+    RemoteUnavailable => Storage, "remote.unavailable";
+    /// A remote record (ref, manifest, chunk, lease) fails verification.
+    RemoteRecordInvalid => Storage, "remote.record_invalid";
+    /// The remote has no record for the key.
+    RemoteAbsent => Storage, "remote.absent";
+    /// A conditional remote write lost (the record moved meanwhile).
+    RemoteConflict => Storage, "remote.conflict";
+
     QuarantinePresent => Quarantined, "quarantine.present";
     QuarantineExportVerification => Quarantined, "quarantine.export_verification";
     QuarantineConcurrent => Quarantined, "quarantine.concurrent";

@@ -62,6 +62,7 @@ fn resolved_value(r: &Resolved) -> Value {
     );
     m.insert("metadata".into(), Value::Object(r.metadata.value().clone()));
     m.insert("manifest".into(), r.manifest.clone().into());
+    m.insert("source".into(), r.source.as_str().into());
     Value::Object(m)
 }
 
@@ -160,16 +161,20 @@ fn lock_timeout_duration(seconds: f64) -> PyResult<Duration> {
 #[pyclass(module = "torch_compiled_graphs._native", frozen)]
 pub struct NativeEngine {
     inner: Engine,
+    remote_url: Option<String>,
 }
 
 #[pymethods]
 impl NativeEngine {
     #[new]
-    #[pyo3(signature = (root, lock_timeout=None, signing_key=None, trust=None, revoked_keys=None, producer=None))]
+    #[pyo3(signature = (root, lock_timeout=None, remote=None, signing_key=None, trust=None, revoked_keys=None, producer=None))]
+    // One parameter a Python keyword argument: pyo3 maps them one to one.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         root: PathBuf,
         lock_timeout: Option<f64>,
+        remote: Option<String>,
         signing_key: Option<PathBuf>,
         trust: Option<PathBuf>,
         revoked_keys: Option<PathBuf>,
@@ -186,9 +191,22 @@ impl NativeEngine {
         let engine = py
             .detach(|| Ok::<_, Error>(Engine::open(&root)?.with_trust(settings.load()?)))
             .py()?;
+        let mut engine = engine.with_lock_timeout(timeout);
+        // Only the URL is checked here: the client is built on the first miss.
+        if let Some(url) = &remote {
+            let r = tcg_remote::Remote::from_url(url).py()?;
+            engine = engine.with_remote(std::sync::Arc::new(r));
+        }
         Ok(NativeEngine {
-            inner: engine.with_lock_timeout(timeout),
+            inner: engine,
+            remote_url: remote,
         })
+    }
+
+    /// The remote URL, if one is configured.
+    #[getter]
+    fn remote(&self) -> Option<String> {
+        self.remote_url.clone()
     }
 
     /// Whether a trust policy is set.
@@ -292,6 +310,19 @@ impl NativeEngine {
         let mut m = Map::new();
         m.insert("outcome".into(), result.outcome.as_str().into());
         m.insert("resolved".into(), resolved_value(&result.resolved));
+        m.insert(
+            "remote_publication".into(),
+            result
+                .remote_publication
+                .as_ref()
+                .map(|p| {
+                    let mut r = Map::new();
+                    r.insert("outcome".into(), p.outcome.as_str().into());
+                    r.insert("manifest".into(), p.manifest.clone().into());
+                    Value::Object(r)
+                })
+                .unwrap_or(Value::Null),
+        );
         m.insert(
             "publication".into(),
             result
@@ -418,6 +449,14 @@ impl NativeEngine {
     /// What is stored for a graph class and how the entries differ.
     fn explain_class<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
         let v = py.detach(|| self.inner.explain_class(name)).py()?;
+        from_value(py, &v)
+    }
+
+    /// Bring keys into the local store from the remote (verified); one row a key.
+    fn pull<'py>(&self, py: Python<'py>, keys: Vec<String>) -> PyResult<Bound<'py, PyAny>> {
+        let v = py
+            .detach(|| tcg_remote::ops::pull(&self.inner, &keys, &mut |_, _| {}))
+            .py()?;
         from_value(py, &v)
     }
 

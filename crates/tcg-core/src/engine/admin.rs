@@ -25,13 +25,29 @@ pub enum Counter {
     Mint,
     /// A quarantine event.
     Quarantine,
+    /// A local miss served by fetching from the remote tier.
+    RemoteHit,
+    /// A local miss the remote tier could not serve either.
+    RemoteMiss,
+    /// A remote failure (unreachable, refused, bad bytes): a miss and a warning.
+    RemoteError,
+    /// A mint this store published to the remote first (it created the ref).
+    RemotePublished,
+    /// Evidence of a bad remote record written under `reports/`.
+    RemoteReport,
 }
 
-const COUNTERS: [(Counter, &str); 4] = [
+// New counters go at the end: a slot is a fixed offset in the stats file.
+const COUNTERS: [(Counter, &str); 9] = [
     (Counter::Hit, "hits"),
     (Counter::Miss, "misses"),
     (Counter::Mint, "mints"),
     (Counter::Quarantine, "quarantines"),
+    (Counter::RemoteHit, "remote_hits"),
+    (Counter::RemoteMiss, "remote_misses"),
+    (Counter::RemoteError, "remote_errors"),
+    (Counter::RemotePublished, "remote_published"),
+    (Counter::RemoteReport, "remote_reports"),
 ];
 
 fn slot(c: Counter) -> u64 {
@@ -98,7 +114,8 @@ impl Engine {
             .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
             .map(|f| {
                 let mut b = Vec::new();
-                let _ = f.take(64).read_to_end(&mut b);
+                // Bounded by the slots we know (a hostile file is not read whole).
+                let _ = f.take(COUNTERS.len() as u64 * 8).read_to_end(&mut b);
                 b
             })
             .unwrap_or_default();

@@ -312,6 +312,7 @@ impl Engine {
             destination: destination.to_path_buf(),
             metadata,
             manifest: m.to_hex(),
+            source: super::Source::Local,
         }))
     }
 }

@@ -99,6 +99,7 @@ impl Engine {
                 outcome: EnsureOutcome::Reused,
                 resolved,
                 publication: None,
+                remote_publication: None,
             });
         }
         let _lock = self
@@ -110,7 +111,23 @@ impl Engine {
                 outcome: EnsureOutcome::Reused,
                 resolved,
                 publication: None,
+                remote_publication: None,
             });
+        }
+        let flight = self.remote.as_ref().map(|r| r.begin_flight(key));
+        if matches!(flight, Some(super::Flight::Follow)) {
+            let appeared = self.remote.as_ref().is_some_and(|r| r.await_flight(key));
+            if appeared {
+                if let Some(resolved) = self.hit(key, destination, request)? {
+                    return Ok(EnsureResult {
+                        outcome: EnsureOutcome::Reused,
+                        resolved,
+                        publication: None,
+                        remote_publication: None,
+                    });
+                }
+            }
+            // The leader did not publish in time: compile anyway.
         }
         let plan = mint()?;
         let publication = self.publish_mint(key, &plan)?;
@@ -136,6 +153,14 @@ impl Engine {
                 ),
             ));
         }
+        // Publish before the fleet lease is released, so that followers find
+        // the ref when the lease goes.
+        let remote_publication = self.publish_remote(key, &resolved.manifest);
+        drop(flight);
+        let mut resolved = resolved;
+        if publication.outcome != StoreOutcome::Divergent {
+            resolved.source = super::Source::Compiled;
+        }
         let outcome = if publication.outcome == StoreOutcome::Divergent {
             EnsureOutcome::Reused
         } else {
@@ -146,6 +171,7 @@ impl Engine {
             outcome,
             resolved,
             publication: Some(publication),
+            remote_publication,
         })
     }
 

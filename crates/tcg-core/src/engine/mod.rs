@@ -18,6 +18,7 @@ pub mod hashrepo;
 mod mint;
 mod publish;
 mod quarantine;
+mod remote;
 mod resolve;
 mod signatures;
 
@@ -38,6 +39,10 @@ pub use explain::{
 };
 pub use explain_text::{render_class, render_explanation, render_pair};
 pub use mint::{MintOutput, MintedLiteral};
+pub use remote::{
+    warn as remote_warn, FailureSlot, Flight, RemoteEnvelope, RemoteError, RemotePublication,
+    RemoteTier, Source, StreamFailure,
+};
 pub use signatures::{
     default_producer, envelope_subject, sig_path, signature_ref, signature_summary, subject_of,
     TrustConfig, TrustSettings, SIGNATURE_REF_PREFIX,
@@ -109,6 +114,15 @@ pub struct Resolved {
     pub metadata: Metadata,
     /// The manifest digest of the envelope that was selected (64 hex).
     pub manifest: String,
+    /// Where it came from (set by the caller that knows: local by default).
+    pub source: Source,
+}
+
+impl Resolved {
+    fn fetched(mut self) -> Resolved {
+        self.source = Source::Remote;
+        self
+    }
 }
 
 /// The result of `ensure`.
@@ -120,6 +134,8 @@ pub struct EnsureResult {
     pub resolved: Resolved,
     /// The publication result on the miss path; `None` on a hit.
     pub publication: Option<StoreResult>,
+    /// The remote tier's publication verdict, when a mint was published there.
+    pub remote_publication: Option<RemotePublication>,
 }
 
 /// What an `ensure` caller requests (SPEC-v1 §4.5): a target and a toolchain block.
@@ -181,6 +197,7 @@ pub struct Engine {
     store: Store,
     lock_timeout: Option<Duration>,
     trust: TrustConfig,
+    remote: Option<std::sync::Arc<dyn RemoteTier>>,
 }
 
 impl Engine {
@@ -191,6 +208,7 @@ impl Engine {
             store,
             lock_timeout: None,
             trust: TrustConfig::default(),
+            remote: None,
         })
     }
 
@@ -204,6 +222,7 @@ impl Engine {
             store,
             lock_timeout: None,
             trust: TrustConfig::default(),
+            remote: None,
         })
     }
 

@@ -177,7 +177,14 @@ impl Engine {
     ) -> Result<Option<Resolved>> {
         check_key(key)?;
         self.refuse_destination_in_store(destination)?;
-        let result = self.resolve_inner(key, destination, request);
+        let mut result = self.resolve_inner(key, destination, request);
+        // The remote tier is consulted only on a clean local miss: a hit never
+        // touches the network.
+        if matches!(result, Ok(None)) && self.remote.is_some() && self.fetch_remote(key) {
+            result = self
+                .resolve_inner(key, destination, request)
+                .map(|found| found.map(|r| r.fetched()));
+        }
         match &result {
             Ok(Some(_)) => self.count(Counter::Hit),
             Ok(None) => self.count(Counter::Miss),
@@ -284,6 +291,7 @@ impl Engine {
             destination: destination.to_path_buf(),
             metadata: report.metadata,
             manifest: manifest.to_hex(),
+            source: super::Source::Local,
         }))
     }
 }

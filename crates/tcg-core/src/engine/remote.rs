@@ -1,0 +1,294 @@
+//! The hook of the remote (fleet) tier: a small trait that the engine calls
+//! on a local miss, implemented outside the core (tcg-remote) so that the
+//! core stays free of network I/O.
+//!
+//! The remote is a source of envelopes and a place to publish them, never a
+//! place to serve from (FLEET.md): whatever it hands out goes through the same
+//! full verification and host admission as `import_artifact` before it is
+//! published locally, and any remote failure is at most a local miss.
+
+use std::fmt;
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+
+use tcg_cas::{Digest, Store};
+
+use super::admin::Counter;
+use super::{Engine, StoreOutcome};
+use crate::Kind;
+
+/// Where a resolved graph came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Served from the local store as it was.
+    Local,
+    /// Fetched from the remote tier, verified and stored locally first.
+    Remote,
+    /// Compiled by this call.
+    Compiled,
+}
+
+impl Source {
+    /// The source's name, as Python spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Local => "local",
+            Source::Remote => "remote",
+            Source::Compiled => "compiled",
+        }
+    }
+}
+
+/// Why a fetched stream failed, recorded by the remote's reader before the
+/// envelope reader turns the failure into its own error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamFailure {
+    /// The transport failed (timeout, reset, 5xx): no proof about the record.
+    Transport(String),
+    /// The bytes are proven wrong (a chunk's digest or length, the whole file).
+    Bad(String),
+}
+
+/// A shared slot the remote's reader fills when its stream fails.
+pub type FailureSlot = Arc<Mutex<Option<StreamFailure>>>;
+
+/// An envelope the remote serves for a key, as a stream whose chunks are
+/// checked against the (already verified) remote manifest while it is read.
+pub struct RemoteEnvelope {
+    /// The remote manifest the ref names (SHA-256 checked).
+    pub manifest: Digest,
+    /// The envelope's bytes.
+    pub reader: Box<dyn Read + Send>,
+    /// Filled by `reader` when it fails.
+    pub failure: FailureSlot,
+}
+
+impl fmt::Debug for RemoteEnvelope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteEnvelope")
+            .field("manifest", &self.manifest.to_hex())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A remote failure. Never fatal to `resolve` or `ensure`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteError {
+    /// Unreachable, slow, refused, throttled, 5xx: a miss and a warning.
+    Unavailable(String),
+    /// A record that fails verification (ref, manifest): evidence is
+    /// written and the key is a miss. `manifest` is the 64-hex name the ref
+    /// gave, when it gave one.
+    Bad {
+        /// The manifest the ref named.
+        manifest: Option<String>,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+impl fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RemoteError::Unavailable(m) => write!(f, "remote unavailable: {m}"),
+            RemoteError::Bad { why, .. } => write!(f, "remote record is bad: {why}"),
+        }
+    }
+}
+
+/// What publishing to the remote decided (FLEET.md §2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemotePublication {
+    /// `Stored` (we created the ref), `Present` (it already names our
+    /// manifest) or `Divergent` (another manifest won).
+    pub outcome: StoreOutcome,
+    /// The manifest the remote ref names now (64 hex).
+    pub manifest: String,
+}
+
+/// The single-flight decision before a compile (FLEET.md §4).
+pub enum Flight {
+    /// This worker holds the fleet lease; dropping the guard releases it.
+    Lead(Box<dyn Send>),
+    /// Another worker holds a live lease: wait for its ref.
+    Follow,
+    /// No single-flight (the remote is unavailable or not qualified).
+    Solo,
+}
+
+impl fmt::Debug for Flight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Flight::Lead(_) => "Lead",
+            Flight::Follow => "Follow",
+            Flight::Solo => "Solo",
+        })
+    }
+}
+
+/// The remote tier as the engine sees it.
+pub trait RemoteTier: Send + Sync + fmt::Debug {
+    /// The envelope the remote's ref names for `key`, after checking the ref
+    /// (its key) and the manifest (SHA-256, shape, size limits). `Ok(None)`
+    /// is a clean miss (no ref, or a missing chunk).
+    fn open(&self, key: &str) -> Result<Option<RemoteEnvelope>, RemoteError>;
+
+    /// Publish the locally stored envelope `manifest` under `key`, first
+    /// writer wins.
+    fn publish(
+        &self,
+        store: &Store,
+        key: &str,
+        manifest: &Digest,
+    ) -> Result<RemotePublication, RemoteError>;
+
+    /// Try to take the fleet-wide compile lease of `key`.
+    fn begin_flight(&self, key: &str) -> Flight;
+
+    /// Wait, bounded, for another worker's ref of `key`; `true` once it exists.
+    fn await_flight(&self, key: &str) -> bool;
+
+    /// Write create-only evidence that the record (key, manifest) is bad.
+    /// Returns whether evidence was written.
+    fn report(&self, key: &str, manifest: &str, why: &str) -> bool;
+}
+
+/// One warning line on stderr: a remote problem never fails the caller.
+pub fn warn(what: impl fmt::Display) {
+    eprintln!("torch-compiled-graphs: warning: remote tier: {what}");
+}
+
+impl Engine {
+    /// Use `remote` on a local miss.
+    pub fn with_remote(mut self, remote: Arc<dyn RemoteTier>) -> Engine {
+        self.remote = Some(remote);
+        self
+    }
+
+    /// The configured remote tier.
+    pub fn remote(&self) -> Option<&Arc<dyn RemoteTier>> {
+        self.remote.as_ref()
+    }
+
+    fn remote_bad(&self, remote: &dyn RemoteTier, key: &str, manifest: &str, why: &str) {
+        warn(format_args!("{key}: {why}"));
+        self.count(Counter::RemoteError);
+        if remote.report(key, manifest, why) {
+            self.count(Counter::RemoteReport);
+        }
+    }
+
+    /// On a local miss: fetch `key` from the remote, verify it fully, admit
+    /// it on this host and publish it locally. `true` when the local store
+    /// now has a record for `key` that came from the remote. Never an error.
+    pub(crate) fn fetch_remote(&self, key: &str) -> bool {
+        let Some(remote) = self.remote.clone() else {
+            return false;
+        };
+        let envelope = match remote.open(key) {
+            Ok(Some(e)) => e,
+            Ok(None) => {
+                self.count(Counter::RemoteMiss);
+                return false;
+            }
+            Err(RemoteError::Unavailable(m)) => {
+                warn(format_args!("{key}: {m}"));
+                self.count(Counter::RemoteError);
+                return false;
+            }
+            Err(RemoteError::Bad { manifest, why }) => {
+                let m = manifest.unwrap_or_else(|| "0".repeat(64));
+                self.remote_bad(&*remote, key, &m, &why);
+                return false;
+            }
+        };
+        let manifest = envelope.manifest.to_hex();
+        let failure = envelope.failure.clone();
+        let lease = match self.store.lease() {
+            Ok(l) => l,
+            Err(e) => {
+                warn(format_args!("{key}: local store: {e}"));
+                return false;
+            }
+        };
+        let ingested = self.ingest_verified(&lease, envelope.reader, key, true);
+        let recorded = failure.lock().map(|mut s| s.take()).unwrap_or(None);
+        let (m, stage) = match (ingested, recorded) {
+            (Ok((info, _report, stage)), _) => (info.manifest, stage),
+            (Err(e), Some(StreamFailure::Transport(why))) => {
+                warn(format_args!("{key}: {why} ({})", e.message()));
+                self.count(Counter::RemoteError);
+                return false;
+            }
+            (Err(_), Some(StreamFailure::Bad(why))) => {
+                self.remote_bad(&*remote, key, &manifest, &why);
+                return false;
+            }
+            (Err(e), None) if e.kind() == Kind::Admission => {
+                // A sound artifact this host cannot run: a miss, not evidence.
+                warn(format_args!("{key}: not admitted here: {}", e.message()));
+                self.count(Counter::RemoteMiss);
+                return false;
+            }
+            (Err(e), None) if e.kind() == Kind::Io => {
+                warn(format_args!("{key}: local store: {}", e.message()));
+                self.count(Counter::RemoteError);
+                return false;
+            }
+            (Err(e), None) => {
+                self.remote_bad(&*remote, key, &manifest, e.message());
+                return false;
+            }
+        };
+        let published = self
+            .decide(&lease, key, m)
+            .map(|r| self.after_publication(&lease, key, &m, &r, stage.path()));
+        drop(stage);
+        let _ = lease.end();
+        match published {
+            Ok(()) => {
+                self.count(Counter::RemoteHit);
+                true
+            }
+            Err(e) => {
+                warn(format_args!("{key}: local publication: {}", e.message()));
+                false
+            }
+        }
+    }
+
+    /// Bring `key` into the local store without resolving it anywhere
+    /// (`pull`): `Local` when it is there already, `Remote` when fetched,
+    /// `None` when neither has it.
+    pub fn prefetch(&self, key: &str) -> crate::Result<Option<Source>> {
+        super::check_key(key)?;
+        let present = self
+            .store
+            .get_ref(&super::graph_ref(key))
+            .map_err(super::store_err)?;
+        if present.is_some() {
+            return Ok(Some(Source::Local));
+        }
+        Ok(self.fetch_remote(key).then_some(Source::Remote))
+    }
+
+    /// Publish the local record `manifest` of `key` to the remote; a failure
+    /// is a warning. Returns the remote's verdict when there was one.
+    pub(crate) fn publish_remote(&self, key: &str, manifest: &str) -> Option<RemotePublication> {
+        let remote = self.remote.as_ref()?;
+        let m = Digest::from_hex(manifest)?;
+        match remote.publish(&self.store, key, &m) {
+            Ok(p) => {
+                if p.outcome == StoreOutcome::Stored {
+                    self.count(Counter::RemotePublished);
+                }
+                Some(p)
+            }
+            Err(e) => {
+                warn(format_args!("{key}: publication failed: {e}"));
+                self.count(Counter::RemoteError);
+                None
+            }
+        }
+    }
+}

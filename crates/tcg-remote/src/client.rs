@@ -1,0 +1,297 @@
+//! The object store client, built on first use, and every remote call with
+//! its bound (FLEET.md §5): a hit path that never needs the remote never
+//! builds a client, a runtime or a connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{
+    ClientOptions, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    RetryConfig, UpdateVersion,
+};
+use tcg_core::{Code, Error, Result};
+use tokio::runtime::Runtime;
+
+use crate::config::RemoteConfig;
+
+/// Why a remote call failed, as the protocol needs to tell it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fail {
+    /// The object does not exist.
+    NotFound,
+    /// A conditional create found the object (If-None-Match).
+    Exists,
+    /// A conditional update's ETag did not match.
+    Precondition,
+    /// Anything else: timeout, refused, reset, 4xx/5xx, throttling.
+    Transport(String),
+}
+
+impl std::fmt::Display for Fail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fail::NotFound => f.write_str("not found"),
+            Fail::Exists => f.write_str("already exists"),
+            Fail::Precondition => f.write_str("precondition failed"),
+            Fail::Transport(m) => f.write_str(m),
+        }
+    }
+}
+
+fn classify(e: object_store::Error) -> Fail {
+    match e {
+        object_store::Error::NotFound { .. } => Fail::NotFound,
+        object_store::Error::AlreadyExists { .. } => Fail::Exists,
+        object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
+            Fail::Precondition
+        }
+        e => Fail::Transport(one_line(&e)),
+    }
+}
+
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        let t = inner.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = inner.source();
+    }
+    s.replace('\n', " ")
+}
+
+/// A built client: the store, its runtime and the prefix inside it.
+pub struct Client {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) runtime: Runtime,
+    pub(crate) config: RemoteConfig,
+}
+
+/// Split `scheme://bucket/prefix` into (`scheme://bucket`, prefix).
+pub fn split_url(url: &str) -> (String, String) {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("s3", url));
+    match rest.split_once('/') {
+        Some((bucket, prefix)) => (format!("{scheme}://{bucket}"), prefix.to_string()),
+        None => (url.to_string(), String::new()),
+    }
+}
+
+fn build_store(config: &RemoteConfig) -> Result<Arc<dyn ObjectStore>> {
+    let (base, _prefix) = split_url(&config.url);
+    let invalid = |e: &dyn std::error::Error| {
+        Error::new(
+            Code::RemoteConfigInvalid,
+            format!("remote {}: {}", config.url, one_line(e)),
+        )
+    };
+    // Our own bounds wrap every call; the client's are a backstop with few
+    // retries, so that a dead remote costs seconds, not minutes.
+    let options = ClientOptions::new()
+        .with_connect_timeout(config.timeout)
+        .with_timeout(Duration::from_secs(3600))
+        .with_pool_idle_timeout(Duration::from_secs(30));
+    let retry = RetryConfig {
+        max_retries: 2,
+        retry_timeout: config.timeout,
+        ..RetryConfig::default()
+    };
+    let scheme = base.split("://").next().unwrap_or("");
+    match scheme {
+        #[cfg(feature = "aws")]
+        "s3" | "s3a" => {
+            use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, Checksum};
+            let mut b = AmazonS3Builder::new()
+                .with_client_options(options)
+                .with_retry(retry)
+                .with_checksum_algorithm(Checksum::SHA256);
+            // The standard variables, applied over our defaults (as from_env does).
+            for (k, v) in std::env::vars() {
+                if k.starts_with("AWS_") {
+                    if let Ok(key) = k.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+            }
+            for (k, v) in &config.options {
+                let key = k.parse::<AmazonS3ConfigKey>().map_err(|e| invalid(&e))?;
+                b = b.with_config(key, v);
+            }
+            let s = b.with_url(base.as_str()).build().map_err(|e| invalid(&e))?;
+            Ok(Arc::new(s))
+        }
+        #[cfg(feature = "gcp")]
+        "gs" => {
+            let s = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_client_options(options)
+                .with_retry(retry)
+                .with_url(base.as_str())
+                .build()
+                .map_err(|e| invalid(&e))?;
+            Ok(Arc::new(s))
+        }
+        #[cfg(feature = "azure")]
+        "az" | "abfs" | "abfss" => {
+            let s = object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_client_options(options)
+                .with_retry(retry)
+                .with_url(base.as_str())
+                .build()
+                .map_err(|e| invalid(&e))?;
+            Ok(Arc::new(s))
+        }
+        _ => {
+            let _ = (options, retry);
+            Err(Error::new(
+                Code::RemoteConfigInvalid,
+                format!(
+                    "remote {}: this build does not support {scheme}:// (features aws, gcp, azure)",
+                    config.url
+                ),
+            ))
+        }
+    }
+}
+
+impl Client {
+    /// Build the client and its runtime (two worker threads).
+    pub fn build(config: &RemoteConfig) -> Result<Client> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("tcg-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("cannot start the remote tier's runtime", &e))?;
+        // Building the reqwest client needs a runtime context.
+        let store = {
+            let _guard = runtime.enter();
+            build_store(config)?
+        };
+        Ok(Client {
+            store,
+            runtime,
+            config: config.clone(),
+        })
+    }
+
+    /// Run `fut` on the client's runtime within `limit`.
+    pub fn run<T>(
+        &self,
+        limit: Duration,
+        fut: impl std::future::Future<Output = std::result::Result<T, object_store::Error>>,
+    ) -> std::result::Result<T, Fail> {
+        self.runtime.block_on(async {
+            match tokio::time::timeout(limit, fut).await {
+                Ok(r) => r.map_err(classify),
+                Err(_) => Err(Fail::Transport(format!(
+                    "no answer within {:.1} s",
+                    limit.as_secs_f64()
+                ))),
+            }
+        })
+    }
+
+    /// GET a small object, refusing one longer than `cap` before reading it.
+    pub fn get_small(
+        &self,
+        path: &Path,
+        cap: u64,
+    ) -> std::result::Result<(Bytes, ObjectMeta), Fail> {
+        let store = Arc::clone(&self.store);
+        let limit = self.config.data_timeout(cap);
+        self.run(limit, async move {
+            let r = store.get(path).await?;
+            let meta = r.meta.clone();
+            if meta.size > cap {
+                return Err(object_store::Error::Generic {
+                    store: "tcg-remote",
+                    source: format!("{path} is {} bytes, over the limit of {cap}", meta.size)
+                        .into(),
+                });
+            }
+            let bytes = r.bytes().await?;
+            Ok((bytes, meta))
+        })
+    }
+
+    /// HEAD.
+    pub fn head(&self, path: &Path) -> std::result::Result<ObjectMeta, Fail> {
+        let store = Arc::clone(&self.store);
+        self.run(self.config.timeout, async move { store.head(path).await })
+    }
+
+    /// PUT with a mode; returns the new ETag.
+    pub fn put(
+        &self,
+        path: &Path,
+        bytes: Bytes,
+        mode: PutMode,
+    ) -> std::result::Result<Option<String>, Fail> {
+        let store = Arc::clone(&self.store);
+        let limit = self.config.data_timeout(bytes.len() as u64);
+        let opts = PutOptions {
+            mode,
+            ..PutOptions::default()
+        };
+        self.run(limit, async move {
+            store
+                .put_opts(path, PutPayload::from(bytes), opts)
+                .await
+                .map(|r| r.e_tag)
+        })
+    }
+
+    /// PUT if absent (`If-None-Match: *`).
+    pub fn create(&self, path: &Path, bytes: Bytes) -> std::result::Result<Option<String>, Fail> {
+        self.put(path, bytes, PutMode::Create)
+    }
+
+    /// PUT if the ETag still matches (`If-Match`).
+    pub fn update(
+        &self,
+        path: &Path,
+        bytes: Bytes,
+        etag: &str,
+    ) -> std::result::Result<Option<String>, Fail> {
+        self.put(
+            path,
+            bytes,
+            PutMode::Update(UpdateVersion {
+                e_tag: Some(etag.to_string()),
+                version: None,
+            }),
+        )
+    }
+
+    /// DELETE (absent is fine).
+    pub fn delete(&self, path: &Path) -> std::result::Result<(), Fail> {
+        let store = Arc::clone(&self.store);
+        match self.run(self.config.timeout, async move { store.delete(path).await }) {
+            Ok(()) | Err(Fail::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// LIST everything under `prefix` (operator commands), bounded by
+    /// `max` entries.
+    pub fn list(&self, prefix: &Path, max: usize) -> std::result::Result<Vec<ObjectMeta>, Fail> {
+        use futures_util::StreamExt;
+        let store = Arc::clone(&self.store);
+        let limit = self.config.timeout * 60;
+        self.run(limit, async move {
+            let mut out = Vec::new();
+            let mut s = store.list(Some(prefix));
+            while let Some(m) = s.next().await {
+                out.push(m?);
+                if out.len() >= max {
+                    break;
+                }
+            }
+            Ok(out)
+        })
+    }
+}

@@ -1,0 +1,303 @@
+//! Fetch (FLEET.md §3, zero trust): the ref's key, the manifest's SHA-256
+//! and shape, then the chunks streamed through SHA-256 checks. The engine
+//! feeds the stream to the same full verification and host admission as
+//! `import_artifact`; nothing here is served or unpacked.
+
+use std::collections::VecDeque;
+use std::io::{self, Read};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use sha2::{Digest as _, Sha256};
+use tcg_cas::{Chunk, Digest, Manifest};
+use tcg_core::engine::{FailureSlot, RemoteEnvelope, RemoteError, StreamFailure};
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+
+use crate::client::{Client, Fail};
+use crate::layout::{Layout, RefRecord, MAX_MANIFEST_BYTES, MAX_REF_BYTES};
+
+/// Chunks fetched ahead of the reader (each up to 64 MiB in memory).
+pub const PREFETCH: usize = 2;
+
+fn unavailable(what: &str, f: Fail) -> RemoteError {
+    RemoteError::Unavailable(format!("{what}: {f}"))
+}
+
+/// Read and check the ref of `key`: `Ok(None)` when absent.
+pub fn read_ref(
+    client: &Client,
+    layout: &Layout,
+    key: &str,
+) -> Result<Option<RefRecord>, RemoteError> {
+    let path = layout.graph_ref(key);
+    let bytes = match client.get_small(&path, MAX_REF_BYTES) {
+        Ok((b, _)) => b,
+        Err(Fail::NotFound) => return Ok(None),
+        Err(f) => return Err(unavailable("reading the ref", f)),
+    };
+    let record = RefRecord::parse(&bytes).map_err(|why| RemoteError::Bad {
+        manifest: None,
+        why: format!("ref {path}: {why}"),
+    })?;
+    if record.key != key {
+        return Err(RemoteError::Bad {
+            manifest: Some(record.manifest.to_hex()),
+            why: format!("ref {path} names key {:?}", record.key),
+        });
+    }
+    Ok(Some(record))
+}
+
+/// Read manifest `m`, check its SHA-256 and shape: `Ok(None)` when absent
+/// or of a format this build cannot read.
+pub fn read_manifest(
+    client: &Client,
+    layout: &Layout,
+    m: &Digest,
+) -> Result<Option<Manifest>, RemoteError> {
+    let bad = |why: String| RemoteError::Bad {
+        manifest: Some(m.to_hex()),
+        why,
+    };
+    let bytes = match client.get_small(&layout.manifest(m), MAX_MANIFEST_BYTES) {
+        Ok((b, _)) => b,
+        Err(Fail::NotFound) => return Ok(None),
+        Err(f) => return Err(unavailable("reading the manifest", f)),
+    };
+    let actual = Digest::of(&bytes);
+    if actual != *m {
+        return Err(bad(format!(
+            "manifest {} has SHA-256 {}",
+            m.to_hex(),
+            actual.to_hex()
+        )));
+    }
+    let manifest = match Manifest::parse(&bytes, m) {
+        Ok(man) => man,
+        Err(tcg_cas::StoreError::RecordFormatUnsupported { .. }) => return Ok(None),
+        Err(e) => return Err(bad(e.to_string())),
+    };
+    if manifest.size > tcg_core::artifact::MAX_ARCHIVE_BYTES {
+        return Err(bad(format!(
+            "manifest size {} is over the envelope limit",
+            manifest.size
+        )));
+    }
+    Ok(Some(manifest))
+}
+
+/// Open the envelope of `key` (FLEET.md §3 steps 1-2).
+pub fn open(
+    client: &Client,
+    layout: &Layout,
+    key: &str,
+) -> Result<Option<RemoteEnvelope>, RemoteError> {
+    let Some(record) = read_ref(client, layout, key)? else {
+        return Ok(None);
+    };
+    let Some(manifest) = read_manifest(client, layout, &record.manifest)? else {
+        return Ok(None);
+    };
+    // A missing chunk is a miss, found before any byte is streamed.
+    for c in &manifest.chunks {
+        match client.head(&layout.chunk(&c.digest)) {
+            Ok(meta) if meta.size == c.len => {}
+            Ok(meta) => {
+                return Err(RemoteError::Bad {
+                    manifest: Some(record.manifest.to_hex()),
+                    why: format!(
+                        "chunk {} is {} bytes, the manifest says {}",
+                        c.digest.to_hex(),
+                        meta.size,
+                        c.len
+                    ),
+                })
+            }
+            Err(Fail::NotFound) => return Ok(None),
+            Err(f) => return Err(unavailable("checking a chunk", f)),
+        }
+    }
+    let failure: FailureSlot = Arc::new(Mutex::new(None));
+    let reader = ChunkStream::new(client, layout, manifest, Arc::clone(&failure));
+    Ok(Some(RemoteEnvelope {
+        manifest: record.manifest,
+        reader: Box::new(reader),
+        failure,
+    }))
+}
+
+async fn fetch_chunk(
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    chunk: Chunk,
+    limit: std::time::Duration,
+) -> Result<Bytes, StreamFailure> {
+    let got = tokio::time::timeout(limit, async {
+        let r = store.get(&path).await?;
+        let stored = r.meta.size;
+        r.bytes().await.map(|b| (stored, b))
+    })
+    .await;
+    let (stored, bytes) = match got {
+        Err(_) => {
+            return Err(StreamFailure::Transport(format!(
+                "chunk {} took longer than {:.1} s",
+                chunk.digest.to_hex(),
+                limit.as_secs_f64()
+            )))
+        }
+        Ok(Err(e)) => {
+            return Err(StreamFailure::Transport(format!(
+                "chunk {}: {e}",
+                chunk.digest.to_hex()
+            )))
+        }
+        Ok(Ok(b)) => b,
+    };
+    if stored != chunk.len {
+        // The server states another length for a content-addressed name.
+        return Err(StreamFailure::Bad(format!(
+            "chunk {} is stored with {stored} bytes, the manifest says {}",
+            chunk.digest.to_hex(),
+            chunk.len
+        )));
+    }
+    if bytes.len() as u64 != chunk.len {
+        // A short body with a 200 is a transport fault (truncation), not proof.
+        return Err(StreamFailure::Transport(format!(
+            "chunk {} arrived with {} bytes, expected {}",
+            chunk.digest.to_hex(),
+            bytes.len(),
+            chunk.len
+        )));
+    }
+    // Hash off the runtime's workers: 64 MiB is tens of milliseconds.
+    let (actual, bytes) = tokio::task::spawn_blocking(move || {
+        let d: [u8; 32] = Sha256::digest(&bytes).into();
+        (d, bytes)
+    })
+    .await
+    .map_err(|e| StreamFailure::Transport(e.to_string()))?;
+    if actual != chunk.digest.0 {
+        return Err(StreamFailure::Bad(format!(
+            "chunk {} has SHA-256 {}",
+            chunk.digest.to_hex(),
+            hex::encode(actual)
+        )));
+    }
+    Ok(bytes)
+}
+
+/// The envelope as a stream: chunks fetched ahead in parallel, each checked
+/// against its digest and length before any of its bytes is handed out, and
+/// the whole file checked against the manifest's digest before its last
+/// bytes are handed out.
+pub struct ChunkStream {
+    handle: Handle,
+    store: Arc<dyn ObjectStore>,
+    layout: Layout,
+    config: crate::config::RemoteConfig,
+    manifest: Manifest,
+    next: usize,
+    pending: VecDeque<JoinHandle<Result<Bytes, StreamFailure>>>,
+    current: Bytes,
+    whole: Option<Sha256>,
+    failure: FailureSlot,
+    failed: bool,
+}
+
+impl ChunkStream {
+    fn new(client: &Client, layout: &Layout, manifest: Manifest, failure: FailureSlot) -> Self {
+        // One chunk's digest is the file's digest; more need a whole-file hash.
+        let whole = (manifest.chunks.len() > 1).then(Sha256::new);
+        let mut s = ChunkStream {
+            handle: client.runtime.handle().clone(),
+            store: Arc::clone(&client.store),
+            layout: layout.clone(),
+            config: client.config.clone(),
+            manifest,
+            next: 0,
+            pending: VecDeque::new(),
+            current: Bytes::new(),
+            whole,
+            failure,
+            failed: false,
+        };
+        s.fill();
+        s
+    }
+
+    fn fill(&mut self) {
+        while self.pending.len() < PREFETCH && self.next < self.manifest.chunks.len() {
+            let c = self.manifest.chunks[self.next];
+            self.next += 1;
+            let store = Arc::clone(&self.store);
+            let path = self.layout.chunk(&c.digest);
+            let limit = self.config.data_timeout(c.len);
+            self.pending
+                .push_back(self.handle.spawn(fetch_chunk(store, path, c, limit)));
+        }
+    }
+
+    fn fail(&mut self, f: StreamFailure) -> io::Error {
+        let msg = match &f {
+            StreamFailure::Transport(m) | StreamFailure::Bad(m) => m.clone(),
+        };
+        if let Ok(mut slot) = self.failure.lock() {
+            slot.get_or_insert(f);
+        }
+        self.failed = true;
+        io::Error::other(msg)
+    }
+}
+
+impl Drop for ChunkStream {
+    fn drop(&mut self) {
+        for h in &self.pending {
+            h.abort();
+        }
+    }
+}
+
+impl Read for ChunkStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.failed {
+            return Err(io::Error::other("the remote stream failed"));
+        }
+        if self.current.is_empty() {
+            let Some(task) = self.pending.pop_front() else {
+                return Ok(0);
+            };
+            let got = self
+                .handle
+                .block_on(task)
+                .unwrap_or_else(|e| Err(StreamFailure::Transport(e.to_string())));
+            let bytes = match got {
+                Ok(b) => b,
+                Err(f) => return Err(self.fail(f)),
+            };
+            self.fill();
+            if let Some(h) = self.whole.as_mut() {
+                h.update(&bytes);
+                if self.pending.is_empty() && self.next == self.manifest.chunks.len() {
+                    let d: [u8; 32] = self.whole.take().expect("present").finalize().into();
+                    if d != self.manifest.file_digest.0 {
+                        return Err(self.fail(StreamFailure::Bad(format!(
+                            "the chunks' bytes have SHA-256 {}, the manifest says {}",
+                            hex::encode(d),
+                            self.manifest.file_digest.to_hex()
+                        ))));
+                    }
+                }
+            }
+            self.current = bytes;
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        let _ = self.current.split_to(n);
+        Ok(n)
+    }
+}

@@ -1,0 +1,358 @@
+//! Operator commands over a remote: `push`, `pull`, `fleet ls`, `fleet
+//! fsck`, `fleet gc --grace`, `fleet repair` (FLEET.md §5, §6). Every
+//! report is JSON; the CLI prints it.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tcg_cas::Digest;
+use tcg_cj::{Map, Value};
+use tcg_core::engine::{graph_ref, store_err, Engine, RemoteError, StoreOutcome};
+use tcg_core::{Code, Error, Result};
+
+use crate::client::Fail;
+use crate::fetch::{read_manifest, read_ref};
+use crate::layout::{host_name, unix_now, RefRecord};
+use crate::Remote;
+
+/// Most objects one listing returns (bounded memory on a hostile bucket).
+pub const MAX_LIST: usize = 1_000_000;
+
+fn obj(pairs: Vec<(&str, Value)>) -> Value {
+    Value::Object(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect::<Map>(),
+    )
+}
+
+fn unavailable(what: &str, f: impl std::fmt::Display) -> Error {
+    Error::new(Code::RemoteUnavailable, format!("{what}: {f}"))
+}
+
+fn remote_err(e: RemoteError) -> Error {
+    match e {
+        RemoteError::Unavailable(m) => Error::new(Code::RemoteUnavailable, m),
+        RemoteError::Bad { why, .. } => Error::new(Code::RemoteRecordInvalid, why),
+    }
+}
+
+/// Every key the remote has a ref for (from the listing of `refs/`).
+pub fn keys(remote: &Remote) -> Result<Vec<String>> {
+    let client = remote.client()?;
+    let folder = remote.layout().folder("refs");
+    let listed = client
+        .list(&folder, MAX_LIST)
+        .map_err(|f| unavailable("listing refs", f))?;
+    Ok(listed
+        .into_iter()
+        .filter_map(|m| m.location.filename().map(str::to_string))
+        .collect())
+}
+
+/// Publish the local records of `keys` to the remote; `progress` is called
+/// after each key.
+pub fn push(
+    engine: &Engine,
+    remote: &Remote,
+    keys: &[String],
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Value> {
+    let client = remote.client()?;
+    let mut rows = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        tcg_core::engine::check_key(key)?;
+        let row = match engine.store().get_ref(&graph_ref(key)).map_err(store_err)? {
+            None => obj(vec![
+                ("key", key.as_str().into()),
+                ("outcome", "ABSENT".into()),
+            ]),
+            Some(t) => {
+                match crate::publish::publish(
+                    client,
+                    remote.layout(),
+                    engine.store(),
+                    key,
+                    &t.digest,
+                ) {
+                    Ok((p, uploaded)) => obj(vec![
+                        ("key", key.as_str().into()),
+                        ("outcome", p.outcome.as_str().into()),
+                        ("manifest", p.manifest.into()),
+                        ("uploaded_bytes", Value::Int(uploaded as i64)),
+                    ]),
+                    Err(e) => obj(vec![
+                        ("key", key.as_str().into()),
+                        ("outcome", "ERROR".into()),
+                        ("error", e.to_string().into()),
+                    ]),
+                }
+            }
+        };
+        rows.push(row);
+        progress(i + 1, keys.len());
+    }
+    Ok(Value::Array(rows))
+}
+
+/// Prefetch `keys` into the local store (verified like any fetch).
+pub fn pull(
+    engine: &Engine,
+    keys: &[String],
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Value> {
+    let mut rows = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let source = engine.prefetch(key)?;
+        rows.push(obj(vec![
+            ("key", key.as_str().into()),
+            (
+                "source",
+                source
+                    .map(|s| Value::from(s.as_str()))
+                    .unwrap_or(Value::Null),
+            ),
+        ]));
+        progress(i + 1, keys.len());
+    }
+    Ok(Value::Array(rows))
+}
+
+/// The remote's refs with their manifests.
+pub fn ls(remote: &Remote) -> Result<Value> {
+    let client = remote.client()?;
+    let mut rows = Vec::new();
+    for key in keys(remote)? {
+        let row = match read_ref(client, remote.layout(), &key) {
+            Ok(Some(r)) => obj(vec![
+                ("key", key.as_str().into()),
+                ("manifest", r.manifest.to_hex().into()),
+                ("producer", r.producer.into()),
+                ("created", Value::Int(r.created)),
+            ]),
+            Ok(None) => continue,
+            Err(e) => obj(vec![
+                ("key", key.as_str().into()),
+                ("error", e.to_string().into()),
+            ]),
+        };
+        rows.push(row);
+    }
+    Ok(Value::Array(rows))
+}
+
+/// Check every ref, its manifest and its chunks' presence and sizes; with
+/// `deep`, re-hash every chunk. Lists the evidence under `reports/`.
+/// Returns the report and whether the remote is clean.
+pub fn fsck(remote: &Remote, deep: bool) -> Result<(Value, bool)> {
+    let client = remote.client()?;
+    let layout = remote.layout();
+    let mut bad = Vec::new();
+    let mut checked = 0i64;
+    for key in keys(remote)? {
+        checked += 1;
+        let problem = (|| -> std::result::Result<Option<String>, RemoteError> {
+            let Some(r) = read_ref(client, layout, &key)? else {
+                return Ok(None);
+            };
+            let Some(m) = read_manifest(client, layout, &r.manifest)? else {
+                return Ok(Some(format!("manifest {} is missing", r.manifest.to_hex())));
+            };
+            for c in &m.chunks {
+                let path = layout.chunk(&c.digest);
+                match client.head(&path) {
+                    Ok(meta) if meta.size == c.len => {}
+                    Ok(meta) => {
+                        return Ok(Some(format!(
+                            "chunk {} is {} bytes",
+                            c.digest.to_hex(),
+                            meta.size
+                        )))
+                    }
+                    Err(Fail::NotFound) => {
+                        return Ok(Some(format!("chunk {} is missing", c.digest.to_hex())))
+                    }
+                    Err(f) => return Err(RemoteError::Unavailable(f.to_string())),
+                }
+                if deep {
+                    let (bytes, _) = client
+                        .get_small(&path, c.len)
+                        .map_err(|f| RemoteError::Unavailable(f.to_string()))?;
+                    if Digest::of(&bytes) != c.digest {
+                        return Ok(Some(format!("chunk {} has other bytes", c.digest.to_hex())));
+                    }
+                }
+            }
+            Ok(None)
+        })();
+        match problem {
+            Ok(None) => {}
+            Ok(Some(why)) => bad.push(obj(vec![
+                ("key", key.as_str().into()),
+                ("error", why.into()),
+            ])),
+            Err(RemoteError::Bad { why, .. }) => bad.push(obj(vec![
+                ("key", key.as_str().into()),
+                ("error", why.into()),
+            ])),
+            Err(e) => return Err(remote_err(e)),
+        }
+    }
+    let reports: Vec<Value> = client
+        .list(&layout.folder("reports"), MAX_LIST)
+        .map_err(|f| unavailable("listing reports", f))?
+        .into_iter()
+        .map(|m| Value::from(m.location.to_string()))
+        .collect();
+    let clean = bad.is_empty() && reports.is_empty();
+    Ok((
+        obj(vec![
+            ("refs_checked", Value::Int(checked)),
+            ("bad", Value::Array(bad)),
+            ("reports", Value::Array(reports)),
+            ("clean", Value::Bool(clean)),
+        ]),
+        clean,
+    ))
+}
+
+/// Sweep chunks and manifests no ref reaches and whose `last_modified` is
+/// older than `grace` by the server's clock (FLEET.md §6). Refs are never
+/// removed here. Aborts without sweeping if a ref or manifest cannot be
+/// read (its chunks would look unreachable).
+pub fn gc(
+    remote: &Remote,
+    grace: Duration,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Value> {
+    let client = remote.client()?;
+    let layout = remote.layout();
+    let mut manifests = BTreeSet::new();
+    let mut chunks = BTreeSet::new();
+    for key in keys(remote)? {
+        let r = read_ref(client, layout, &key).map_err(remote_err)?;
+        let Some(r) = r else { continue };
+        manifests.insert(layout.manifest(&r.manifest).to_string());
+        match read_manifest(client, layout, &r.manifest).map_err(remote_err)? {
+            Some(m) => {
+                for c in m.chunks {
+                    chunks.insert(layout.chunk(&c.digest).to_string());
+                }
+            }
+            None => {
+                return Err(Error::new(
+                    Code::RemoteRecordInvalid,
+                    format!(
+                        "fleet gc: the manifest of {key} is missing or unreadable; nothing swept"
+                    ),
+                ))
+            }
+        }
+    }
+    let now = remote_now(remote)?;
+    let cutoff = now - chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX);
+    let mut candidates = Vec::new();
+    for (folder, keep) in [("manifests", &manifests), ("chunks", &chunks)] {
+        for m in client
+            .list(&layout.folder(folder), MAX_LIST)
+            .map_err(|f| unavailable("listing", f))?
+        {
+            if !keep.contains(&m.location.to_string()) && m.last_modified < cutoff {
+                candidates.push(m);
+            }
+        }
+    }
+    let (mut freed, mut freed_bytes) = (0i64, 0i64);
+    for (i, m) in candidates.iter().enumerate() {
+        client
+            .delete(&m.location)
+            .map_err(|f| unavailable("deleting", f))?;
+        freed += 1;
+        freed_bytes += m.size as i64;
+        progress(i + 1, candidates.len());
+    }
+    Ok(obj(vec![
+        ("refs", Value::Int(manifests.len() as i64)),
+        ("kept_chunks", Value::Int(chunks.len() as i64)),
+        ("freed_objects", Value::Int(freed)),
+        ("freed_bytes", Value::Int(freed_bytes)),
+        ("grace_s", Value::Int(grace.as_secs() as i64)),
+    ]))
+}
+
+fn remote_now(remote: &Remote) -> Result<chrono::DateTime<chrono::Utc>> {
+    let client = remote.client()?;
+    remote
+        .clock
+        .now(client, remote.layout())
+        .ok_or_else(|| Error::new(Code::RemoteUnavailable, "cannot read the remote's clock"))
+}
+
+/// Replace the ref of `key` with the local store's record (an operator's
+/// repair of a ref proven bad): chunks and manifest first, then the ref by
+/// `Update(etag)`, so that two repairs cannot both win.
+pub fn repair(engine: &Engine, remote: &Remote, key: &str) -> Result<Value> {
+    tcg_core::engine::check_key(key)?;
+    let client = remote.client()?;
+    let layout = remote.layout();
+    let Some(t) = engine.store().get_ref(&graph_ref(key)).map_err(store_err)? else {
+        return Err(Error::new(
+            Code::StoreAbsent,
+            format!("fleet repair: the local store has no record of {key} to repair with"),
+        ));
+    };
+    // Verify the local record fully before it becomes the fleet's.
+    let check = tempdir_in(engine)?;
+    engine
+        .resolve(key, &check.join("graph"))?
+        .ok_or_else(|| Error::new(Code::StoreAbsent, format!("{key} does not resolve locally")))?;
+    let _ = std::fs::remove_dir_all(&check);
+    let path = layout.graph_ref(key);
+    let current = match client.head(&path) {
+        Ok(m) => Some(m),
+        Err(Fail::NotFound) => None,
+        Err(f) => return Err(unavailable("reading the ref", f)),
+    };
+    let (published, _) = crate::publish::publish(client, layout, engine.store(), key, &t.digest)
+        .map_err(remote_err)?;
+    if published.outcome != StoreOutcome::Divergent {
+        return Ok(obj(vec![
+            ("key", key.into()),
+            ("outcome", published.outcome.as_str().into()),
+            ("manifest", published.manifest.into()),
+        ]));
+    }
+    let record = RefRecord {
+        key: key.to_string(),
+        manifest: t.digest,
+        producer: format!("fleet repair on {}", host_name()),
+        created: unix_now(),
+    };
+    let etag = current.and_then(|m| m.e_tag).unwrap_or_default();
+    match client.update(&path, Bytes::from(record.to_bytes()), &etag) {
+        Ok(_) => Ok(obj(vec![
+            ("key", key.into()),
+            ("outcome", "REPAIRED".into()),
+            ("manifest", t.digest.to_hex().into()),
+        ])),
+        Err(Fail::Precondition) => Err(Error::new(
+            Code::RemoteConflict,
+            format!(
+                "fleet repair: the ref of {key} changed meanwhile; run it again after checking"
+            ),
+        )),
+        Err(f) => Err(unavailable("replacing the ref", f)),
+    }
+}
+
+fn tempdir_in(engine: &Engine) -> Result<std::path::PathBuf> {
+    let _ = engine;
+    let p = std::env::temp_dir().join(format!(
+        "tcg-repair-check-{}",
+        crate::layout::random_hex32()
+    ));
+    std::fs::create_dir_all(&p).map_err(|e| Error::io("cannot create a check directory", &e))?;
+    Ok(p)
+}

@@ -1,0 +1,2 @@
+const char msg[] = "hi";
+int f(void){return msg[0];}

@@ -1,0 +1,338 @@
+"""The fleet tier (docs/fleet.md) against a real S3 server (moto, started here on loopback),
+with a fault proxy between the engine and moto and a deliberately broken stub for
+``fleet doctor``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REFERENCE, REFERENCE_KEY
+from tests.fleet_support import Fault, FaultProxy, Moto, broken_s3, cli, free_port, moto_server
+
+OTHER_KEY = REFERENCE_KEY[:-1] + ("0" if REFERENCE_KEY[-1] != "0" else "1")
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[Moto]:
+    with moto_server() as m:
+        yield m
+
+
+@pytest.fixture
+def fleet(moto: Moto, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """A fresh bucket; the AWS_* variables point at moto; the doctor's cache is private."""
+    for k, v in moto.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCH_COMPILED_GRAPHS_REMOTE_TIMEOUT_S", "2")
+    monkeypatch.delenv("TORCH_COMPILED_GRAPHS_REMOTE", raising=False)
+    return f"s3://{moto.create_bucket()}/fleet"
+
+
+def engine(root: Path, remote: str | None) -> Any:
+    from torch_compiled_graphs import Engine
+
+    return Engine(root, remote=remote or "")
+
+
+def push_reference(tmp_path: Path, url: str) -> Any:
+    a = engine(tmp_path / "a", url)
+    a.import_artifact(REFERENCE_KEY, REFERENCE / "mlp-cpu.tar.gz")
+    out = cli("push", "--cas-root", str(tmp_path / "a"), "--remote", url, "--json", REFERENCE_KEY, env={})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[0]["outcome"] == "STORED"
+    return a
+
+
+def s3(moto: Moto) -> Any:
+    """A boto3 client on moto (moto depends on boto3): the tests' raw view of the bucket."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=moto.endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+
+
+def split(url: str) -> tuple[str, str]:
+    bucket, prefix = url[len("s3://") :].split("/", 1)
+    return bucket, f"{prefix}/tcg/v1"
+
+
+def raw_get(moto: Moto, url: str, rest: str) -> bytes:
+    bucket, root = split(url)
+    body: bytes = s3(moto).get_object(Bucket=bucket, Key=f"{root}/{rest}")["Body"].read()
+    return body
+
+
+def raw_put(moto: Moto, url: str, rest: str, body: bytes) -> None:
+    bucket, root = split(url)
+    s3(moto).put_object(Bucket=bucket, Key=f"{root}/{rest}", Body=body)
+
+
+def list_names(moto: Moto, url: str, folder: str) -> list[str]:
+    bucket, root = split(url)
+    found = s3(moto).list_objects_v2(Bucket=bucket, Prefix=f"{root}/{folder}/")
+    return [o["Key"] for o in found.get("Contents", [])]
+
+
+def test_push_then_resolve_from_another_store_says_remote_then_local(fleet: str, moto: Moto, tmp_path: Path) -> None:
+    push_reference(tmp_path, fleet)
+    ref = raw_get(moto, fleet, f"refs/{REFERENCE_KEY}")
+    record = json.loads(ref)
+    assert sorted(record) == ["created", "format", "key", "manifest", "producer"]
+    assert record["key"] == REFERENCE_KEY and record["format"] == 1
+    b = engine(tmp_path / "b", fleet)
+    assert b.remote == fleet
+    first = b.resolve(REFERENCE_KEY, tmp_path / "g1")
+    assert first is not None and first.source == "remote"
+    assert f"sha256:{first.manifest}" == record["manifest"]
+    second = b.resolve(REFERENCE_KEY, tmp_path / "g2")
+    assert second is not None and second.source == "local"
+    stats = b.stats()
+    assert stats["remote_hits"] == 1 and stats["remote_errors"] == 0
+
+
+def test_resolve_cli_with_remote_and_pull_prefetch(fleet: str, tmp_path: Path) -> None:
+    push_reference(tmp_path, fleet)
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"# warm-up list\n{REFERENCE_KEY}\n")
+    store = str(tmp_path / "c")
+    out = cli("pull", "--cas-root", store, "--remote", fleet, "--from", str(keys), "--json", env={})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [{"key": REFERENCE_KEY, "source": "remote"}]
+    # Offline now: the pulled record serves without any remote.
+    assert engine(tmp_path / "c", None).resolve(REFERENCE_KEY, tmp_path / "g") is not None
+    miss = cli("pull", "--cas-root", store, "--remote", fleet, OTHER_KEY, env={})
+    assert miss.returncode == 1
+    out = cli(
+        "resolve",
+        "--cas-root",
+        str(tmp_path / "d"),
+        "--remote",
+        fleet,
+        "--json",
+        REFERENCE_KEY,
+        str(tmp_path / "gd"),
+        env={},
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["source"] == "remote"
+    # With a remote, resolve creates the missing local store (a fetch writes);
+    # without one it is read-only: a missing store is store.not_found and
+    # nothing is created. push only reads the local store, so it needs it too.
+    assert (tmp_path / "d" / "FORMAT").exists()
+    for args in (
+        ("resolve", "--cas-root", str(tmp_path / "e"), REFERENCE_KEY, str(tmp_path / "ge")),
+        ("push", "--cas-root", str(tmp_path / "e"), "--remote", fleet, REFERENCE_KEY),
+    ):
+        refused = cli(*args, env={"TORCH_COMPILED_GRAPHS_REMOTE": ""})
+        assert refused.returncode == 2, refused.stderr
+        assert "code: store.not_found" in refused.stderr, refused.stderr
+        assert not (tmp_path / "e").exists()
+
+
+def test_the_environment_names_the_remote(fleet: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_compiled_graphs import Engine
+
+    push_reference(tmp_path, fleet)
+    monkeypatch.setenv("TORCH_COMPILED_GRAPHS_REMOTE", fleet)
+    e = Engine(tmp_path / "env")
+    assert e.remote == fleet
+    found = e.resolve(REFERENCE_KEY, tmp_path / "g")
+    assert found is not None and found.source == "remote"
+    assert Engine(tmp_path / "none", remote="").remote is None
+
+
+def test_a_bad_remote_url_is_a_typed_error(tmp_path: Path) -> None:
+    from torch_compiled_graphs import Engine
+    from torch_compiled_graphs.errors import StorageError
+
+    with pytest.raises(StorageError) as e:
+        Engine(tmp_path / "s", remote="http://not-a-bucket")
+    assert e.value.code == "remote.config_invalid"
+
+
+# Every fault of the degrade-never-break list, injected between the engine and moto.
+FAULTS = [
+    pytest.param(Fault("status", "/chunks/", status=500), False, id="chunk-500"),
+    pytest.param(Fault("status", "/refs/", status=503), False, id="ref-503"),
+    pytest.param(Fault("status", "/manifests/", status=403), False, id="manifest-403"),
+    pytest.param(Fault("delay", "/chunks/", delay=8.0), False, id="chunk-slow"),
+    pytest.param(Fault("truncate", "/chunks/"), False, id="chunk-truncated"),
+    pytest.param(Fault("reset", "/chunks/"), False, id="chunk-reset"),
+    pytest.param(Fault("corrupt", "/chunks/"), True, id="chunk-corrupted"),
+    pytest.param(Fault("corrupt", "/manifests/"), True, id="manifest-corrupted"),
+]
+
+
+@pytest.mark.parametrize(("fault", "evidence"), FAULTS)
+def test_faults_are_misses_never_served_never_errors(
+    fault: Fault, evidence: bool, fleet: str, moto: Moto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    push_reference(tmp_path, fleet)
+    proxy = FaultProxy(moto.port)
+    try:
+        proxy.fault = fault
+        monkeypatch.setenv("AWS_ENDPOINT", proxy.endpoint)
+        b = engine(tmp_path / "b", fleet)
+        assert b.resolve(REFERENCE_KEY, tmp_path / "g") is None
+        assert not (tmp_path / "g").exists()
+        assert proxy.fault.hits >= 1
+        stats = b.stats()
+        assert stats["remote_errors"] >= 1 and stats["remote_hits"] == 0
+        assert stats["remote_reports"] == (1 if evidence else 0)
+        assert len(list_names(moto, fleet, "reports")) == (1 if evidence else 0)
+        # Healthy again: the same store fetches and serves.
+        proxy.fault = Fault()
+        found = b.resolve(REFERENCE_KEY, tmp_path / "g2")
+        assert found is not None and found.source == "remote"
+    finally:
+        proxy.close()
+
+
+def test_an_unreachable_remote_is_a_miss_and_a_local_hit_never_contacts_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = free_port()
+    monkeypatch.setenv("AWS_ENDPOINT", f"http://127.0.0.1:{dead}")
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    monkeypatch.setenv("TORCH_COMPILED_GRAPHS_REMOTE_TIMEOUT_S", "1")
+    e = engine(tmp_path / "s", "s3://nowhere/p")
+    e.import_artifact(REFERENCE_KEY, REFERENCE / "mlp-cpu.tar.gz")
+    assert e.resolve(REFERENCE_KEY, tmp_path / "g") is not None
+    assert e.stats()["remote_errors"] == 0
+    assert e.resolve(OTHER_KEY, tmp_path / "g2") is None
+    assert e.stats()["remote_errors"] == 1
+
+
+def test_fleet_doctor_qualifies_moto(fleet: str, tmp_path: Path) -> None:
+    out = cli("fleet", "doctor", "--remote", fleet, "--json", env={})
+    assert out.returncode == 0, out.stderr
+    v = json.loads(out.stdout)
+    assert v["qualified"] is True and v["race_winners"] == 1 and v["racers"] == 16
+    assert v["second_create_refused"] and v["stale_update_refused"] and v["race_body_intact"]
+    cached = list((tmp_path / "cache" / "torch-compiled-graphs" / "fleet-doctor").iterdir())
+    assert len(cached) == 1 and json.loads(cached[0].read_text())["qualified"] is True
+
+
+def test_fleet_doctor_flags_a_store_that_lets_two_racers_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with broken_s3() as endpoint:
+        env = {
+            "AWS_ENDPOINT": endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": "x",
+            "AWS_SECRET_ACCESS_KEY": "x",
+            "AWS_REGION": "us-east-1",
+        }
+        out = cli("fleet", "doctor", "--remote", "s3://broken/p", "--json", env=env)
+    assert out.returncode == 1, out.stderr
+    v = json.loads(out.stdout)
+    assert v["qualified"] is False and v["race_winners"] > 1
+    # The other checks pass on this stub: only the race gives it away.
+    assert v["second_create_refused"] and v["stale_update_refused"]
+
+
+def test_fleet_ls_fsck_gc_repair_and_prometheus_stats(fleet: str, moto: Moto, tmp_path: Path) -> None:
+    push_reference(tmp_path, fleet)
+    ls = cli("fleet", "ls", "--remote", fleet, "--json", env={})
+    assert ls.returncode == 0 and [r["key"] for r in json.loads(ls.stdout)] == [REFERENCE_KEY]
+    fsck = cli("fleet", "fsck", "--remote", fleet, "--deep", "--json", env={})
+    assert fsck.returncode == 0, fsck.stdout
+    gc = cli("fleet", "gc", "--remote", fleet, "--grace", "0", "--json", env={})
+    assert gc.returncode == 0 and json.loads(gc.stdout)["freed_objects"] == 0
+    # A ref pointing elsewhere: fetch refuses and reports; fsck flags it; repair (by the
+    # operator, from a verified local record) replaces it with Update(etag).
+    record = json.loads(raw_get(moto, fleet, f"refs/{REFERENCE_KEY}"))
+    record["manifest"] = "sha256:" + "ab" * 32
+    forged = json.dumps(record, separators=(",", ":"), sort_keys=True).encode()
+    raw_put(moto, fleet, f"refs/{REFERENCE_KEY}", forged)
+    assert engine(tmp_path / "b", fleet).resolve(REFERENCE_KEY, tmp_path / "g") is None
+    fsck = cli("fleet", "fsck", "--remote", fleet, "--json", env={})
+    assert fsck.returncode == 1 and json.loads(fsck.stdout)["bad"]
+    repair = cli(
+        "fleet", "repair", "--cas-root", str(tmp_path / "a"), "--remote", fleet, "--json", REFERENCE_KEY, env={}
+    )
+    assert repair.returncode == 0, repair.stderr
+    assert json.loads(repair.stdout)["outcome"] == "REPAIRED"
+    found = engine(tmp_path / "c", fleet).resolve(REFERENCE_KEY, tmp_path / "g3")
+    assert found is not None and found.source == "remote"
+    prom = cli("stats", "--cas-root", str(tmp_path / "c"), "--prometheus", env={})
+    assert prom.returncode == 0
+    assert "# TYPE torch_compiled_graphs_remote_hits_total counter" in prom.stdout
+    assert "torch_compiled_graphs_remote_hits_total 1" in prom.stdout.splitlines()
+    assert "torch_compiled_graphs_store_bytes " in prom.stdout
+
+
+WORKER = r"""
+import json, sys
+sys.path.insert(0, {root!r})
+import torch
+from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
+from tests.models import MLP
+
+torch.manual_seed(0)
+model = MLP().eval()
+program = torch.export.export(model, (torch.randn(2, 16),))
+spec = GraphClassSpec("fleet/mlp", "serve", program)
+toolchain = record_toolchain()
+key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.readline()  # the start signal: every worker starts together
+compiled = []
+def recipe():
+    compiled.append(1)
+    return spec
+r = Engine(sys.argv[1], remote=sys.argv[2]).ensure(key, sys.argv[3], target="cpu", toolchain=toolchain, recipe=recipe)
+outcome = getattr(r.outcome, "name", str(r.outcome))
+print(json.dumps({{"key": key, "outcome": outcome, "source": r.source, "compiled": len(compiled)}}))
+"""
+
+
+@pytest.mark.real_aoti
+def test_eight_workers_on_eight_stores_compile_once(fleet: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parent.parent)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(root=root))
+    env = {**os.environ, "TORCH_COMPILED_GRAPHS_REMOTE_WAIT_S": "600"}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / f"store{i}"), fleet, str(tmp_path / f"graph{i}")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(8)
+    ]
+    for w in workers:
+        assert w.stdout is not None and w.stdout.readline().strip() == "ready"
+    for w in workers:
+        assert w.stdin is not None
+        w.stdin.write("go\n")
+        w.stdin.flush()
+    results = []
+    for w in workers:
+        out, err = w.communicate(timeout=900)
+        assert w.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sum(r["compiled"] for r in results) == 1, results
+    assert sorted(r["source"] for r in results) == ["compiled"] + ["remote"] * 7, results
+    assert {r["outcome"] for r in results if r["source"] == "remote"} == {"REUSED"}
+    assert len({r["key"] for r in results}) == 1
