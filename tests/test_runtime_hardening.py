@@ -151,17 +151,17 @@ def test_corrupted_program_headers_are_refused_or_load_without_a_crash(
         import sys
         from torch_compiled_graphs import _native
         from torch_compiled_graphs.errors import BindingError
-        lib, entry, rows = sys.argv[1], sys.argv[2], eval(sys.argv[3])
-        for path in sys.argv[4:]:
+        lib, entry, sm, rows = sys.argv[1], sys.argv[2], sys.argv[3], eval(sys.argv[4])
+        for path in sys.argv[5:]:
             try:
-                _native.NativeModel(lib, path, entry, "cpu", rows)
+                _native.NativeModel(lib, path, entry, "cpu", sm, rows)
                 print(path, "loaded", flush=True)
             except BindingError as e:
                 print(path, e.code, flush=True)
     """
     # All mutants in one child: a crash of any load kills it and fails the test.
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), lib, graph.graph_class, repr(rows), *map(str, mutants)],
+        [sys.executable, "-c", textwrap.dedent(code), lib, graph.graph_class, graph.sm, repr(rows), *map(str, mutants)],
         capture_output=True,
         text=True,
         timeout=300,
