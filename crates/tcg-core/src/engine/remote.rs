@@ -185,6 +185,17 @@ impl Engine {
         let Some(remote) = self.remote.clone() else {
             return false;
         };
+        if self.trust().has_policy() {
+            // Fail closed until the remote carries signatures: under a trust
+            // policy nothing fetched could be proven signed, so the remote is
+            // not consulted and the miss compiles locally (docs/trust.md).
+            warn(format_args!(
+                "{key}: a trust policy is set and remote signatures are not supported yet; \
+                 the remote is not consulted"
+            ));
+            self.count(Counter::RemoteMiss);
+            return false;
+        }
         let envelope = match remote.open(key) {
             Ok(Some(e)) => e,
             Ok(None) => {
