@@ -259,7 +259,7 @@ fn capture(chunk: &[u8], at: u64, start: u64, dst: &mut [u8]) {
 
 /// Stream `src` to its end, handing each chunk and its file offset to `f`;
 /// the stream must hold exactly `size` bytes.
-fn stream(src: &mut dyn Read, size: u64, f: &mut dyn FnMut(&[u8], u64)) -> Result<()> {
+pub(super) fn stream(src: &mut dyn Read, size: u64, f: &mut dyn FnMut(&[u8], u64)) -> Result<()> {
     let mut buf = vec![0u8; 1 << 20];
     let mut at = 0u64;
     loop {

@@ -28,7 +28,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 
-use super::elf::Reopen;
+use super::elf::{stream, Reopen};
 use crate::error::{Code, Error, Result};
 
 fn invalid(what: impl std::fmt::Display) -> Error {
@@ -121,43 +121,16 @@ impl Ranges for StreamRanges<'_> {
         }
         let size = self.size;
         (self.reopen)(&mut |src: &mut dyn Read| {
-            let mut buf = vec![0u8; 1 << 20];
-            let mut at = 0u64;
-            loop {
-                let n = match src.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) if e.raw_os_error().is_some() => {
-                        return Err(Error::io("cannot read package member", &e))
-                    }
-                    Err(e) => {
-                        return Err(Error::new(
-                            Code::ArtifactPackageZip,
-                            format!("cannot read package member: {e}"),
-                        ))
-                    }
-                };
-                let chunk = &buf[..n];
+            stream(src, size, &mut |chunk, at| {
                 for (dst, &(off, len)) in out.iter_mut().zip(ranges) {
                     let lo = at.max(off);
-                    let hi = (at + n as u64).min(off + len);
+                    let hi = (at + chunk.len() as u64).min(off + len);
                     if lo < hi {
                         dst[(lo - off) as usize..(hi - off) as usize]
                             .copy_from_slice(&chunk[(lo - at) as usize..(hi - at) as usize]);
                     }
                 }
-                at += n as u64;
-            }
-            if at != size {
-                return Err(Error::new(
-                    Code::ArtifactPackageZip,
-                    format!(
-                        "cannot read package member: it holds {at} bytes, not the declared {size}"
-                    ),
-                ));
-            }
-            Ok(())
+            })
         })?;
         Ok(out)
     }
