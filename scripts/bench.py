@@ -3,7 +3,11 @@ in the same session. Results go to bench-out/ (JSON) and are summarised on
 stdout; docs/benchmarks.md records them with this command.
 
     python scripts/bench.py [section ...]     sections: resolve, store, verify, ttfi, mint, fleet (default: all);
-                                              fleet-io is fleet without the 8-worker cold start
+                                              fleet-io is fleet without the 8-worker cold start,
+                                              fleet-cold is the 8-worker cold start alone
+
+TCG_BENCH_CLI names a prebuilt release CLI (no cargo build; for a machine without Rust, such as
+the GPU machine), TCG_BENCH_OUT the folder for the JSON results (default bench-out/).
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "bench-out"
+OUT = Path(os.environ.get("TCG_BENCH_OUT") or ROOT / "bench-out")
 REFERENCE = ROOT / "testdata" / "reference-0.2.0" / "mlp-cpu.tar.gz"
 KEY = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004ba1cd363a"
-CLI = ROOT / "target" / "release" / "torch-compiled-graphs"
+CLI = Path(os.environ.get("TCG_BENCH_CLI") or ROOT / "target" / "release" / "torch-compiled-graphs")
 
 
 def timed(run: Callable[[], None]) -> float:
@@ -59,6 +63,8 @@ def sh(*args: str | os.PathLike[str]) -> None:
 
 
 def build_cli() -> None:
+    if os.environ.get("TCG_BENCH_CLI"):
+        return
     sh("cargo", "build", "--release", "--quiet", "-p", "tcg-cli")
 
 
@@ -414,6 +420,17 @@ def bench_fleet(repeat: int, cold_start: bool = True) -> dict[str, object]:
     return results
 
 
+def bench_fleet_cold_only() -> dict[str, object]:
+    """The 8-worker cold start alone, on its own moto server."""
+    sys.path.insert(0, str(ROOT))
+    from tests.fleet_support import moto_server
+
+    build_cli()
+    with tempfile.TemporaryDirectory(prefix="tcg-bench-cold-") as tmp, moto_server() as moto:
+        env = {**CHILD_ENV, **moto.env()}
+        return bench_fleet_cold_start(Path(tmp), moto, env)
+
+
 def bench_fleet_cold_start(work: Path, moto: object, env: dict[str, str]) -> dict[str, object]:
     """Wall time from a common start signal until every worker has its graph: one worker on
     a fresh bucket (one compile), then 8 workers with 8 stores on another fresh bucket; and a
@@ -503,6 +520,8 @@ def main() -> None:
         results["mint"] = bench_mint(repeat=2)
     if "fleet" in sections or "fleet-io" in sections:
         results["fleet"] = bench_fleet(repeat=9, cold_start="fleet" in sections)
+    if "fleet-cold" in sections:
+        results["fleet_cold_start"] = bench_fleet_cold_only()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (OUT / f"bench-{stamp}.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(json.dumps(results, indent=1, sort_keys=True))
