@@ -24,6 +24,40 @@ def resolve_reference(root: Path) -> Any:
     return found
 
 
+REFERENCE_WEIGHTS = REFERENCE / "mlp-cpu.weights.safetensors"
+
+
+# The reference artifact resolved into a store of its own, bound natively, and its
+# recorded inputs/outputs: the fixtures of the native-path tests (test_native*.py).
+# Module-scoped: each test module gets its own store; a module may define its own
+# `graph` fixture, which then takes precedence.
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return resolve_reference(tmp_path_factory.mktemp("reference"))
+
+
+@pytest.fixture(scope="module")
+def native(graph: Any) -> Any:
+    return graph.load_native(REFERENCE_WEIGHTS)
+
+
+@pytest.fixture(scope="module")
+def io() -> dict[str, Any]:
+    from safetensors.numpy import load_file
+
+    return load_file(REFERENCE / "mlp-cpu.io.safetensors")
+
+
+def refused_binding(code: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Calls ``call`` and checks that it raises a BindingError with ``code``; returns the error."""
+    from torch_compiled_graphs.errors import BindingError
+
+    with pytest.raises(BindingError) as e:
+        call(*args, **kwargs)
+    assert e.value.code == code, str(e.value)
+    return e.value
+
+
 @pytest.fixture(scope="session")
 def spec_vectors() -> dict[str, Any]:
     return json.loads((TESTDATA / "spec_vectors.json").read_text())

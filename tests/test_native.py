@@ -16,37 +16,14 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from torch_compiled_graphs import Engine, StoredCompiledGraph
-from torch_compiled_graphs.errors import BindingError
 from torch_compiled_graphs.native import NativeGraph, find_torch_lib
 
-from .conftest import REFERENCE, REFERENCE_KEY, ROOT, resolve_reference
+from .conftest import REFERENCE, REFERENCE_KEY, ROOT
+from .conftest import refused_binding as refused
 
 FIXTURE = REFERENCE
 KEY = REFERENCE_KEY
 WEIGHTS = FIXTURE / "mlp-cpu.weights.safetensors"
-
-
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory: pytest.TempPathFactory) -> StoredCompiledGraph:
-    found: StoredCompiledGraph = resolve_reference(tmp_path_factory.mktemp("native"))
-    return found
-
-
-@pytest.fixture(scope="module")
-def native(graph: StoredCompiledGraph) -> NativeGraph:
-    return graph.load_native(WEIGHTS)
-
-
-@pytest.fixture(scope="module")
-def io() -> dict[str, np.ndarray]:
-    return load_file(FIXTURE / "mlp-cpu.io.safetensors")
-
-
-def refused(code: str, call: Any, *args: Any, **kwargs: Any) -> BindingError:
-    with pytest.raises(BindingError) as e:
-        call(*args, **kwargs)
-    assert e.value.code == code, str(e.value)
-    return e.value
 
 
 def restated(graph: StoredCompiledGraph, metadata: dict[str, Any]) -> StoredCompiledGraph:

@@ -10,38 +10,14 @@ import gc
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from torch_compiled_graphs import StoredCompiledGraph, _native
-from torch_compiled_graphs.errors import BindingError
 from torch_compiled_graphs.native import NativeGraph, from_buffer
 
-from .conftest import REFERENCE, resolve_reference
+from .conftest import REFERENCE
+from .conftest import refused_binding as refused
 
 WEIGHTS = REFERENCE / "mlp-cpu.weights.safetensors"
-
-
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory: pytest.TempPathFactory) -> StoredCompiledGraph:
-    found: StoredCompiledGraph = resolve_reference(tmp_path_factory.mktemp("dlpack"))
-    return found
-
-
-@pytest.fixture(scope="module")
-def native(graph: StoredCompiledGraph) -> NativeGraph:
-    return graph.load_native(WEIGHTS)
-
-
-@pytest.fixture(scope="module")
-def io() -> dict[str, np.ndarray]:
-    return load_file(REFERENCE / "mlp-cpu.io.safetensors")
-
-
-def refused(code: str, call: object, *args: object, **kwargs: object) -> BindingError:
-    with pytest.raises(BindingError) as e:
-        call(*args, **kwargs)  # type: ignore[operator]
-    assert e.value.code == code, str(e.value)
-    return e.value
 
 
 def test_outputs_export_to_numpy_without_a_copy(native: NativeGraph, io: dict[str, np.ndarray]) -> None:

@@ -155,9 +155,14 @@ pub fn begin(client: &Arc<Client>, layout: &Layout, clock: &ServerClock, key: &s
 
 /// Wait for another worker's ref with jittered backoff, up to the
 /// configured wait; stop early when the lease is gone or expired.
+///
+/// The pause grows from 0.1 s to at most 1 s (plus up to 0.2 s of jitter):
+/// a follower sees the leader's ref at most ~1.2 s after it appears, which
+/// is small against a compile, while a waiting follower costs the bucket at
+/// most two small GETs a second.
 pub fn await_ref(client: &Client, layout: &Layout, clock: &ServerClock, key: &str) -> bool {
     let deadline = Instant::now() + client.config.wait;
-    let mut pause = Duration::from_millis(200);
+    let mut pause = Duration::from_millis(100);
     loop {
         match crate::fetch::read_ref(client, layout, key) {
             Ok(Some(_)) => return true,
@@ -183,6 +188,6 @@ pub fn await_ref(client: &Client, layout: &Layout, clock: &ServerClock, key: &st
         let jitter =
             Duration::from_millis(u64::from_str_radix(&random_hex32()[..4], 16).unwrap_or(0) % 200);
         std::thread::sleep((pause + jitter).min(deadline - now));
-        pause = (pause * 3 / 2).min(Duration::from_secs(3));
+        pause = (pause * 3 / 2).min(Duration::from_secs(1));
     }
 }

@@ -240,6 +240,28 @@ impl Torch {
     }
 }
 
+/// Checks what a libtorch tensor constructor returned: a zero status and a
+/// handle, or the error that names the tensor it could not `verb`.
+fn made(
+    rc: i32,
+    handle: TensorHandle,
+    verb: &str,
+    shape: &[i64],
+    dtype: Dtype,
+    device: Device,
+) -> Result<()> {
+    if rc != 0 || handle.is_null() {
+        return Err(Error::new(
+            Code::RunExecutionFailed,
+            format!(
+                "libtorch could not {verb} a {} tensor of shape {shape:?} on {device}",
+                dtype.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Row-major strides, in elements, of `shape`.
 pub fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
     let mut strides = vec![1i64; shape.len()];
@@ -291,15 +313,7 @@ impl BorrowedTensor {
                 &mut handle,
             )
         };
-        if rc != 0 || handle.is_null() {
-            return Err(Error::new(
-                Code::RunExecutionFailed,
-                format!(
-                    "libtorch could not describe a {} tensor of shape {shape:?} on {device}",
-                    dtype.name
-                ),
-            ));
-        }
+        made(rc, handle, "describe", shape, dtype, device)?;
         Ok(BorrowedTensor {
             handle,
             delete: shim.delete,
@@ -469,15 +483,7 @@ impl OwnedTensor {
                 &mut handle,
             )
         };
-        if rc != 0 || handle.is_null() {
-            return Err(Error::new(
-                Code::RunExecutionFailed,
-                format!(
-                    "libtorch could not allocate a {} tensor of shape {shape:?} on {device}",
-                    dtype.name
-                ),
-            ));
-        }
+        made(rc, handle, "allocate", shape, dtype, device)?;
         // SAFETY: a live handle just created, owned by nobody else.
         unsafe { OwnedTensor::from_raw(Arc::clone(torch), handle, stream) }
     }
