@@ -217,6 +217,8 @@ enum Command {
     Pull {
         #[command(flatten)]
         store: StoreArg,
+        #[command(flatten)]
+        trust: TrustArg,
         /// Keys to fetch [default: every key the remote has].
         keys: Vec<String>,
         /// Read more keys from this file (one a line; `-` is stdin).
@@ -751,10 +753,11 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
         } => crate::fleet::push(&store, keys, from, json),
         Command::Pull {
             store,
+            trust,
             keys,
             from,
             json,
-        } => crate::fleet::pull(&store, keys, from, json),
+        } => crate::fleet::pull(&store, trust.settings().load()?, keys, from, json),
         Command::Fleet { command } => crate::fleet::dispatch(command),
         Command::CheckKey { value } => {
             if identity::is_compiled_graph_key(&value) {
