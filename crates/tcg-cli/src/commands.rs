@@ -88,6 +88,9 @@ enum Command {
         from_hashrepo: PathBuf,
         #[command(flatten)]
         store: StoreArg,
+        /// Under a trust policy every (unsigned) 0.2.0 graph is refused.
+        #[command(flatten)]
+        trust: TrustArg,
         /// Print one JSON object instead of a line per graph.
         #[arg(long)]
         json: bool,
@@ -644,8 +647,13 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Adopt {
             from_hashrepo,
             store,
+            trust,
             json,
-        } => crate::adopt::run(&store.engine()?, &from_hashrepo, json),
+        } => crate::adopt::run(
+            &store.engine()?.with_trust(trust.settings().load()?),
+            &from_hashrepo,
+            json,
+        ),
         Command::Export { store, key, path } => {
             let out = store
                 .engine()?
