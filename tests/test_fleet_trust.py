@@ -94,8 +94,9 @@ def test_signed_records_on_the_remote_admit_and_unsigned_refs_are_refused(
     assert t.resolve(REFERENCE_KEY, tmp_path / "g-t") is None
     stats = t.stats()
     assert stats["remote_trust_refused"] == 1 and stats["remote_reports"] == 0 and stats["remote_hits"] == 0
-    # pull under the policy says why (exit 1, the code on stderr and in JSON).
-    out = cli("pull", "--cas-root", str(tmp_path / "p"), "--remote", fleet, "--trust", str(allowed), REFERENCE_KEY, env={})
+    # pull under the policy says why (exit 1, the code on stderr).
+    pull = ("pull", "--cas-root", str(tmp_path / "p"), "--remote", fleet, "--trust", str(allowed))
+    out = cli(*pull, REFERENCE_KEY, env={})
     assert out.returncode == 1 and "trust.unsigned" in out.stderr, out.stderr
     # An operator signs the same artifact and pushes its record beside the ref.
     signer = tmp_path / "signer"
@@ -116,10 +117,7 @@ def test_signed_records_on_the_remote_admit_and_unsigned_refs_are_refused(
     assert found is not None and found.source == "remote" and found.manifest == row["manifest"]
     assert [s["producer"] for s in t.signers(REFERENCE_KEY)] == ["ci@fleet"]
     # pull under the policy stores it and its record.
-    out = cli(
-        "pull", "--cas-root", str(tmp_path / "p"), "--remote", fleet, "--trust", str(allowed), "--json", REFERENCE_KEY,
-        env={},
-    )
+    out = cli(*pull, "--json", REFERENCE_KEY, env={})
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [{"key": REFERENCE_KEY, "signatures": 1, "source": "remote"}]
     # fsck checks the record; gc keeps what it names.

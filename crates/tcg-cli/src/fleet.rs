@@ -184,7 +184,12 @@ pub(crate) fn pull(
     } else {
         rows_text(&rows, &["key", "source"])?;
     }
-    for r in rows.as_array().into_iter().flatten().filter_map(Value::as_object) {
+    for r in rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object)
+    {
         if let (Some(Value::Str(k)), Some(Value::Str(code)), Some(Value::Str(why))) =
             (r.get("key"), r.get("refused"), r.get("error"))
         {

@@ -419,7 +419,9 @@ fn under_a_trust_policy_each_unsigned_graph_is_refused_and_nothing_is_published(
     }
     .load()
     .unwrap();
-    let engine = Engine::open(d.path().join("new")).unwrap().with_trust(trust);
+    let engine = Engine::open(d.path().join("new"))
+        .unwrap()
+        .with_trust(trust);
     let entries = adopt(&engine, &old);
     refused_with(&entries, KEY, Code::TrustUnsigned);
     assert!(engine

@@ -156,12 +156,16 @@ pub fn begin(client: &Arc<Client>, layout: &Layout, clock: &ServerClock, key: &s
 /// Wait for another worker's ref with jittered backoff, up to the
 /// configured wait; stop early when the lease is gone or expired.
 pub fn await_ref(client: &Client, layout: &Layout, clock: &ServerClock, key: &str) -> bool {
-    await_until(client, layout, clock, key, &|| {
-        match crate::fetch::read_ref(client, layout, key) {
+    await_until(
+        client,
+        layout,
+        clock,
+        key,
+        &|| match crate::fetch::read_ref(client, layout, key) {
             Ok(r) => Some(r.is_some()),
             Err(_) => None,
-        }
-    })
+        },
+    )
 }
 
 /// Wait until `done` says `Some(true)` (`None`: stop, the remote failed),

@@ -39,7 +39,13 @@ impl Layout {
     }
 
     /// `signatures/<cg-key>/<fingerprint hex>/<manifest hex>/<record sha256 hex>`.
-    pub fn signature(&self, key: &str, fingerprint_hex: &str, manifest: &Digest, record: &[u8]) -> Path {
+    pub fn signature(
+        &self,
+        key: &str,
+        fingerprint_hex: &str,
+        manifest: &Digest,
+        record: &[u8],
+    ) -> Path {
         self.folder(&format!(
             "signatures/{key}/{fingerprint_hex}/{}/{}",
             manifest.to_hex(),
@@ -135,8 +141,10 @@ pub fn records(
         }
         for meta in listed.into_iter().take(cap) {
             let Some((k, fp, manifest, named)) = parse_name(layout, &meta.location) else {
-                out.skipped
-                    .push(format!("{} is not a signature record's name", meta.location));
+                out.skipped.push(format!(
+                    "{} is not a signature record's name",
+                    meta.location
+                ));
                 continue;
             };
             if k != key {
@@ -299,7 +307,10 @@ fn record_problem(
         Err(e) => return Ok(Some(format!("{}: {e}", e.code()))),
     };
     if tcg_trust::fingerprint_hex(&v.public_key) != fp {
-        return Ok(Some(format!("signed by {}, filed under {fp}", v.fingerprint)));
+        return Ok(Some(format!(
+            "signed by {}, filed under {fp}",
+            v.fingerprint
+        )));
     }
     if v.statement.key != key {
         return Ok(Some(format!("a statement about {}", v.statement.key)));
@@ -329,7 +340,9 @@ pub fn fsck_records(
         .map_err(|f| unavailable(format!("listing signatures: {f}")))?;
     let mut bad = Vec::new();
     for meta in &listed {
-        if let Some(why) = record_problem(client, layout, meta).map_err(|e| unavailable(e.to_string()))? {
+        if let Some(why) =
+            record_problem(client, layout, meta).map_err(|e| unavailable(e.to_string()))?
+        {
             let mut m = tcg_cj::Map::new();
             m.insert("record".into(), meta.location.to_string().into());
             m.insert("error".into(), why.into());

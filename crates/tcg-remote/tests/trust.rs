@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{counting_mint, divergent_envelope, reference, KEY};
 use tcg_cas::Digest;
-use tcg_core::engine::{Engine, EnsureOutcome, RemoteTier, Request, Source, StoreOutcome, TrustSettings};
+use tcg_core::engine::{
+    Engine, EnsureOutcome, RemoteTier, Request, Source, StoreOutcome, TrustSettings,
+};
 use tcg_core::Code;
 use tcg_remote::signatures::{put_record, MAX_RECORDS_PER_SIGNER, MAX_RECORD_BYTES};
 use tcg_remote::{Remote, RemoteConfig};
@@ -162,10 +164,15 @@ impl Fleet {
     /// valid artifact of KEY. Returns its manifest.
     fn untrusted_first(&self) -> Digest {
         let u = self.engine("untrusted", None, false);
-        let m = u.import_artifact(KEY, &divergent_envelope(&self.path(""))).unwrap();
+        let m = u
+            .import_artifact(KEY, &divergent_envelope(&self.path("")))
+            .unwrap();
         let r = remote(&self.url);
         let rows = tcg_remote::ops::push(&u, &r, &[KEY.to_string()], &mut |_, _| {}).unwrap();
-        assert_eq!(rows.as_array().unwrap()[0].as_object().unwrap()["outcome"].as_str(), Some("STORED"));
+        assert_eq!(
+            rows.as_array().unwrap()[0].as_object().unwrap()["outcome"].as_str(),
+            Some("STORED")
+        );
         Digest::from_hex(&m.manifest).unwrap()
     }
 
@@ -174,7 +181,14 @@ impl Fleet {
         let work = self.path(&format!("work-{name}"));
         std::fs::create_dir_all(&work).unwrap();
         let mut mint = counting_mint(&calls, &work);
-        let r = e.ensure(KEY, &self.path(&format!("graph-{name}")), &request(), &mut mint).unwrap();
+        let r = e
+            .ensure(
+                KEY,
+                &self.path(&format!("graph-{name}")),
+                &request(),
+                &mut mint,
+            )
+            .unwrap();
         (r, calls.get())
     }
 }
@@ -241,28 +255,48 @@ fn records_are_wire_named_create_only_and_read_bounded() {
     // A squatter at the name of a record not yet written: never overwritten.
     let later = record(&f.k, KEY, &"cd".repeat(32));
     let squat = r.layout().signature(KEY, &fp, &m, &later);
-    c.put(&squat, Bytes::from_static(b"junk"), object_store::PutMode::Overwrite)
-        .unwrap();
+    c.put(
+        &squat,
+        Bytes::from_static(b"junk"),
+        object_store::PutMode::Overwrite,
+    )
+    .unwrap();
     let err = put_record(c, r.layout(), KEY, &fp, &m, &later).unwrap_err();
     assert!(format!("{err}").contains("other bytes"), "{err}");
     assert_eq!(c.get_small(&squat, 100).unwrap().0.as_ref(), b"junk");
     // Hostile names and sizes are skipped with a reason, never fatal.
-    let junk_name = r.layout().folder(&format!("signatures/{KEY}/{fp}/not-hex/x"));
-    c.put(&junk_name, Bytes::from_static(b"{}"), object_store::PutMode::Overwrite)
-        .unwrap();
+    let junk_name = r
+        .layout()
+        .folder(&format!("signatures/{KEY}/{fp}/not-hex/x"));
+    c.put(
+        &junk_name,
+        Bytes::from_static(b"{}"),
+        object_store::PutMode::Overwrite,
+    )
+    .unwrap();
     let big = vec![b' '; MAX_RECORD_BYTES as usize + 1];
     let big_name = r.layout().signature(KEY, &fp, &m, &big);
-    c.put(&big_name, Bytes::from(big), object_store::PutMode::Overwrite)
-        .unwrap();
+    c.put(
+        &big_name,
+        Bytes::from(big),
+        object_store::PutMode::Overwrite,
+    )
+    .unwrap();
     let found = r.signature_records(KEY, Some(&[fp.clone()])).unwrap();
     assert_eq!(found.ref_manifest, None);
     assert_eq!(found.records.len(), 1, "{:?}", found.skipped);
     assert_eq!(found.records[0].record, rec);
     assert_eq!(found.records[0].manifest, m);
     assert_eq!(found.skipped.len(), 3, "{:?}", found.skipped);
-    assert!(found.skipped.iter().any(|s| s.contains("does not hash to its name")));
+    assert!(found
+        .skipped
+        .iter()
+        .any(|s| s.contains("does not hash to its name")));
     assert!(found.skipped.iter().any(|s| s.contains("over the limit")));
-    assert!(found.skipped.iter().any(|s| s.contains("not a signature record's name")));
+    assert!(found
+        .skipped
+        .iter()
+        .any(|s| s.contains("not a signature record's name")));
     // Another signer's prefix is never read.
     let other = r.signature_records(KEY, Some(&[f.fp(&f.j)])).unwrap();
     assert!(other.records.is_empty() && other.skipped.is_empty());
@@ -278,7 +312,10 @@ fn records_are_wire_named_create_only_and_read_bounded() {
     }
     let capped = r.signature_records(KEY, Some(&[fp])).unwrap();
     assert!(capped.records.len() + capped.skipped.len() <= MAX_RECORDS_PER_SIGNER + 1);
-    assert!(capped.skipped.iter().any(|s| s.contains("the rest are not read")));
+    assert!(capped
+        .skipped
+        .iter()
+        .any(|s| s.contains("the rest are not read")));
 }
 
 #[test]
@@ -332,7 +369,10 @@ fn trusting_workers_ignore_an_untrusted_ref_mint_once_and_reuse_the_signed_artif
     assert_eq!(after_gc.resolved.manifest, m1);
     let (fsck, clean) = tcg_remote::ops::fsck(&r, false).unwrap();
     assert!(clean, "{fsck:?}");
-    assert_eq!(fsck.as_object().unwrap()["signatures_checked"], tcg_cj::Value::Int(1));
+    assert_eq!(
+        fsck.as_object().unwrap()["signatures_checked"],
+        tcg_cj::Value::Int(1)
+    );
 }
 
 #[test]
@@ -355,7 +395,11 @@ fn hostile_records_under_an_allowed_prefix_are_skipped_or_refused_never_served()
     plant(b"{\"not\":\"a record\"}");
     plant(&record(&f.j, KEY, &"ab".repeat(32)));
     let other_key = format!("{}0", &KEY[..KEY.len() - 1]);
-    let other_key = if other_key == KEY { format!("{}1", &KEY[..KEY.len() - 1]) } else { other_key };
+    let other_key = if other_key == KEY {
+        format!("{}1", &KEY[..KEY.len() - 1])
+    } else {
+        other_key
+    };
     plant(&record(&f.k, &other_key, &"ab".repeat(32)));
     plant(&record(&f.k, KEY, &"ab".repeat(32)));
     let t = f.engine("t", None, true);
@@ -365,7 +409,11 @@ fn hostile_records_under_an_allowed_prefix_are_skipped_or_refused_never_served()
     // Refusals are not evidence of bad bytes, and nothing was published.
     assert_eq!(stat(&t, "remote_reports"), 0);
     assert!(listed(&r, "reports").is_empty());
-    assert!(t.store().get_ref(&tcg_core::engine::graph_ref(KEY)).unwrap().is_none());
+    assert!(t
+        .store()
+        .get_ref(&tcg_core::engine::graph_ref(KEY))
+        .unwrap()
+        .is_none());
     // A trusting worker that signs compiles, and its record is found next.
     let s = f.engine("s", Some(&f.k), true);
     let (minted, calls) = f.ensure(&s, "s");
@@ -376,7 +424,10 @@ fn hostile_records_under_an_allowed_prefix_are_skipped_or_refused_never_served()
     // fsck names the four hostile records; gc still sweeps (junk is no root).
     let (fsck, clean) = tcg_remote::ops::fsck(&r, false).unwrap();
     assert!(!clean);
-    let bad = fsck.as_object().unwrap()["bad_signatures"].as_array().unwrap().clone();
+    let bad = fsck.as_object().unwrap()["bad_signatures"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert_eq!(bad.len(), 4, "{fsck:?}");
     tcg_remote::ops::gc(&r, Duration::ZERO, &mut |_, _| {}).unwrap();
 }
@@ -418,10 +469,17 @@ fn push_uploads_records_and_pull_admits_them_under_the_policy() {
     let pulled = q.pull_key(KEY).unwrap();
     assert_eq!(pulled.source, None);
     assert_eq!(pulled.refused.unwrap().code(), Code::TrustUnsigned);
-    assert!(q.store().get_ref(&tcg_core::engine::graph_ref(KEY)).unwrap().is_none());
+    assert!(q
+        .store()
+        .get_ref(&tcg_core::engine::graph_ref(KEY))
+        .unwrap()
+        .is_none());
     // Without a policy, records are stored as received (those that verify).
     let n = f.engine("n", None, false);
     let pulled = n.pull_key(KEY).unwrap();
-    assert_eq!((pulled.source, pulled.signatures), (Some(Source::Remote), 1));
+    assert_eq!(
+        (pulled.source, pulled.signatures),
+        (Some(Source::Remote), 1)
+    );
     assert_eq!(n.signers(KEY).unwrap().len(), 1);
 }

@@ -118,10 +118,13 @@ impl Engine {
         if matches!(flight, Some(super::Flight::Follow)) {
             // A trusting follower waits for a signed record: the ref may
             // name an artifact its policy refuses.
-            let appeared = self.remote.as_ref().is_some_and(|r| match self.trust().policy() {
-                Some(p) => r.await_signed(key, &p.allowed().fingerprints_hex()),
-                None => r.await_flight(key),
-            });
+            let appeared = self
+                .remote
+                .as_ref()
+                .is_some_and(|r| match self.trust().policy() {
+                    Some(p) => r.await_signed(key, &p.allowed().fingerprints_hex()),
+                    None => r.await_flight(key),
+                });
             if appeared {
                 if let Some(resolved) = self.hit(key, destination, request)? {
                     return Ok(EnsureResult {

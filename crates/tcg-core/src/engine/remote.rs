@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use tcg_cas::{Digest, Store};
 
 use super::admin::Counter;
-use super::{Engine, StoreOutcome};
 use super::remote_trust::{Fetched, SignatureRecords};
+use super::{Engine, StoreOutcome};
 use crate::Kind;
 
 /// Where a resolved graph came from.

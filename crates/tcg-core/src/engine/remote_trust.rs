@@ -282,7 +282,10 @@ impl Engine {
     /// The local signature records of the artifact serving `key`, as the
     /// remote stores them: its manifest and (signer fingerprint hex, record
     /// bytes) pairs. `None` when the key has no local record.
-    pub fn remote_signature_records(&self, key: &str) -> Result<Option<(Digest, Vec<(String, Vec<u8>)>)>> {
+    pub fn remote_signature_records(
+        &self,
+        key: &str,
+    ) -> Result<Option<(Digest, Vec<(String, Vec<u8>)>)>> {
         check_key(key)?;
         let Some((manifest, subject)) = self.stored_subject(key)? else {
             return Ok(None);
@@ -307,7 +310,10 @@ impl Engine {
             Ok(Some(r)) => r,
             Ok(None) => return 0,
             Err(e) => {
-                warn(format_args!("{key}: reading local signatures: {}", e.message()));
+                warn(format_args!(
+                    "{key}: reading local signatures: {}",
+                    e.message()
+                ));
                 return 0;
             }
         };
