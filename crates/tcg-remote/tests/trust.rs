@@ -150,7 +150,7 @@ impl Fleet {
         }
         .load()
         .unwrap();
-        Engine::open(&self.path(name))
+        Engine::open(self.path(name))
             .unwrap()
             .with_trust(config)
             .with_remote(remote(&self.url))
@@ -282,7 +282,9 @@ fn records_are_wire_named_create_only_and_read_bounded() {
         object_store::PutMode::Overwrite,
     )
     .unwrap();
-    let found = r.signature_records(KEY, Some(&[fp.clone()])).unwrap();
+    let found = r
+        .signature_records(KEY, Some(std::slice::from_ref(&fp)))
+        .unwrap();
     assert_eq!(found.ref_manifest, None);
     assert_eq!(found.records.len(), 1, "{:?}", found.skipped);
     assert_eq!(found.records[0].record, rec);
@@ -455,7 +457,7 @@ fn push_uploads_records_and_pull_admits_them_under_the_policy() {
     let j_pub = std::fs::read_to_string(format!("{}.pub", f.j.display())).unwrap();
     let only_j = f.path("only_j");
     std::fs::write(&only_j, format!("ci@fleet {}", j_pub.trim())).unwrap();
-    let q = Engine::open(&f.path("q"))
+    let q = Engine::open(f.path("q"))
         .unwrap()
         .with_trust(
             TrustSettings {

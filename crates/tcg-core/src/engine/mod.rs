@@ -44,7 +44,7 @@ pub use remote::{
     warn as remote_warn, FailureSlot, Flight, RemoteEnvelope, RemoteError, RemotePublication,
     RemoteTier, Source, StreamFailure,
 };
-pub use remote_trust::{Pulled, RemoteSignature, SignatureRecords, MAX_CANDIDATES};
+pub use remote_trust::{LocalRecords, Pulled, RemoteSignature, SignatureRecords, MAX_CANDIDATES};
 pub use signatures::{
     default_producer, envelope_subject, sig_path, signature_ref, signature_summary, subject_of,
     TrustConfig, TrustSettings, SIGNATURE_REF_PREFIX,

@@ -49,6 +49,11 @@ pub struct SignatureRecords {
     pub skipped: Vec<String>,
 }
 
+/// A key's local signature records as the remote stores them: the manifest
+/// of the artifact serving the key, and (signer fingerprint hex, record
+/// bytes) pairs.
+pub type LocalRecords = (Digest, Vec<(String, Vec<u8>)>);
+
 /// The outcome of one remote fetch.
 #[derive(Debug)]
 pub(crate) enum Fetched {
@@ -282,10 +287,7 @@ impl Engine {
     /// The local signature records of the artifact serving `key`, as the
     /// remote stores them: its manifest and (signer fingerprint hex, record
     /// bytes) pairs. `None` when the key has no local record.
-    pub fn remote_signature_records(
-        &self,
-        key: &str,
-    ) -> Result<Option<(Digest, Vec<(String, Vec<u8>)>)>> {
+    pub fn remote_signature_records(&self, key: &str) -> Result<Option<LocalRecords>> {
         check_key(key)?;
         let Some((manifest, subject)) = self.stored_subject(key)? else {
             return Ok(None);
