@@ -98,6 +98,8 @@ def test_signed_records_on_the_remote_admit_and_unsigned_refs_are_refused(
     pull = ("pull", "--cas-root", str(tmp_path / "p"), "--remote", fleet, "--trust", str(allowed))
     out = cli(*pull, REFERENCE_KEY, env={})
     assert out.returncode == 1 and "trust.unsigned" in out.stderr, out.stderr
+    [row] = Engine(tmp_path / "p2", remote=fleet, trust=allowed).pull([REFERENCE_KEY])
+    assert (row["source"], row["refused"], row["signatures"]) == (None, "trust.unsigned", 0), row
     # An operator signs the same artifact and pushes its record beside the ref.
     signer = tmp_path / "signer"
     Engine(signer, remote="").import_artifact(REFERENCE_KEY, REFERENCE / "mlp-cpu.tar.gz")
