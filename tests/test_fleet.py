@@ -109,7 +109,7 @@ def test_resolve_cli_with_remote_and_pull_prefetch(fleet: str, tmp_path: Path) -
     store = str(tmp_path / "c")
     out = cli("pull", "--cas-root", store, "--remote", fleet, "--from", str(keys), "--json", env={})
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == [{"key": REFERENCE_KEY, "source": "remote"}]
+    assert json.loads(out.stdout) == [{"key": REFERENCE_KEY, "signatures": 0, "source": "remote"}]
     # Offline now: the pulled record serves without any remote.
     assert engine(tmp_path / "c", None).resolve(REFERENCE_KEY, tmp_path / "g") is not None
     miss = cli("pull", "--cas-root", store, "--remote", fleet, OTHER_KEY, env={})

@@ -419,7 +419,9 @@ class Engine:
 
     def pull(self, keys: list[str]) -> list[dict[str, Any]]:
         """Bring ``keys`` into the local store from the remote, verified; one row a key with its
-        ``source`` (``"local"``, ``"remote"`` or ``None`` when neither has it)."""
+        ``source`` (``"local"``, ``"remote"`` or ``None`` when neither has it) and ``signatures``
+        (signature records stored with it). Under a trust policy a refused key has ``source``
+        ``None``, ``refused`` (its ``trust.*`` code) and ``error`` (docs/trust.md, "The fleet")."""
         return list(self._native.pull(list(keys)))
 
     @property

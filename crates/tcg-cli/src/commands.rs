@@ -88,6 +88,9 @@ enum Command {
         from_hashrepo: PathBuf,
         #[command(flatten)]
         store: StoreArg,
+        /// Under a trust policy every (unsigned) 0.2.0 graph is refused.
+        #[command(flatten)]
+        trust: TrustArg,
         /// Print one JSON object instead of a line per graph.
         #[arg(long)]
         json: bool,
@@ -217,6 +220,8 @@ enum Command {
     Pull {
         #[command(flatten)]
         store: StoreArg,
+        #[command(flatten)]
+        trust: TrustArg,
         /// Keys to fetch [default: every key the remote has].
         keys: Vec<String>,
         /// Read more keys from this file (one a line; `-` is stdin).
@@ -642,8 +647,13 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Adopt {
             from_hashrepo,
             store,
+            trust,
             json,
-        } => crate::adopt::run(&store.engine()?, &from_hashrepo, json),
+        } => crate::adopt::run(
+            &store.engine()?.with_trust(trust.settings().load()?),
+            &from_hashrepo,
+            json,
+        ),
         Command::Export { store, key, path } => {
             let out = store
                 .engine()?
@@ -751,10 +761,11 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
         } => crate::fleet::push(&store, keys, from, json),
         Command::Pull {
             store,
+            trust,
             keys,
             from,
             json,
-        } => crate::fleet::pull(&store, keys, from, json),
+        } => crate::fleet::pull(&store, trust.settings().load()?, keys, from, json),
         Command::Fleet { command } => crate::fleet::dispatch(command),
         Command::CheckKey { value } => {
             if identity::is_compiled_graph_key(&value) {

@@ -164,12 +164,16 @@ pub(crate) fn push(
 /// `pull`.
 pub(crate) fn pull(
     store: &StoreArg,
+    trust: tcg_core::engine::TrustConfig,
     keys: Vec<String>,
     from: Option<PathBuf>,
     json: bool,
 ) -> anyhow::Result<Outcome> {
     let remote = store.remote()?;
-    let engine = store.local_engine()?.with_remote(remote.clone());
+    let engine = store
+        .local_engine()?
+        .with_remote(remote.clone())
+        .with_trust(trust);
     let mut keys = read_keys(keys, from)?;
     if keys.is_empty() {
         keys = tcg_remote::ops::keys(&remote)?;
@@ -179,6 +183,18 @@ pub(crate) fn pull(
         print_json(&rows)?;
     } else {
         rows_text(&rows, &["key", "source"])?;
+    }
+    for r in rows
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_object)
+    {
+        if let (Some(Value::Str(k)), Some(Value::Str(code)), Some(Value::Str(why))) =
+            (r.get("key"), r.get("refused"), r.get("error"))
+        {
+            eprintln!("torch-compiled-graphs: {k}: refused ({code}): {why}");
+        }
     }
     let missed = rows.as_array().into_iter().flatten().any(|r| {
         matches!(

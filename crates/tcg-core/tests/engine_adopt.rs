@@ -397,3 +397,39 @@ fn a_root_that_is_not_a_hashrepo_root_is_refused_as_a_whole() {
         err.message()
     );
 }
+
+#[test]
+fn under_a_trust_policy_each_unsigned_graph_is_refused_and_nothing_is_published() {
+    let d = tempfile::tempdir().unwrap();
+    let old = old_root(d.path());
+    let private = d.path().join("id");
+    let ok = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "ci@example", "-f"])
+        .arg(&private)
+        .status()
+        .expect("ssh-keygen is required")
+        .success();
+    assert!(ok);
+    let public = std::fs::read_to_string(format!("{}.pub", private.display())).unwrap();
+    let allowed = d.path().join("allowed_signers");
+    std::fs::write(&allowed, format!("ci@example {public}")).unwrap();
+    let trust = tcg_core::engine::TrustSettings {
+        trust: Some(allowed),
+        ..Default::default()
+    }
+    .load()
+    .unwrap();
+    let engine = Engine::open(d.path().join("new"))
+        .unwrap()
+        .with_trust(trust);
+    let entries = adopt(&engine, &old);
+    refused_with(&entries, KEY, Code::TrustUnsigned);
+    assert!(engine
+        .store()
+        .get_ref(&format!("{GRAPH_REF_PREFIX}{KEY}"))
+        .unwrap()
+        .is_none());
+    // The operator vouching for its own old store adopts without a policy.
+    let vouched = Engine::open(d.path().join("new")).unwrap();
+    assert_adopted(&vouched, &adopt(&vouched, &old), KEY, d.path());
+}

@@ -378,3 +378,36 @@ fn gc_eviction_keeps_signature_records_and_a_reimport_finds_them_again() {
     e.import_artifact(KEY, &reference()).unwrap();
     assert_eq!(e.signers(KEY).unwrap().len(), 1);
 }
+
+#[test]
+fn a_signing_failure_after_publication_still_returns_the_stored_mint() {
+    let d = tempfile::tempdir().unwrap();
+    let (key, _) = keygen(d.path(), "id_ed25519", "ci@example");
+    // Learn the signature ref this mint will take (mints are deterministic).
+    let a = signing_engine(&d.path().join("a"), &key);
+    let calls = Cell::new(0);
+    let mut mint = counting_mint(&calls, d.path());
+    a.ensure(KEY, &d.path().join("ga"), &request(), &mut mint)
+        .unwrap();
+    let names = a.store().list_refs(SIGNATURE_REF_PREFIX).unwrap().entries;
+    assert_eq!(names.len(), 1);
+    // In a second store that ref's file is a directory: signing must fail.
+    let root = d.path().join("b");
+    let b = signing_engine(&root, &key);
+    let blocked = root.join("refs").join(tcg_cas::name_hash(&names[0].name));
+    std::fs::create_dir_all(&blocked).unwrap();
+    let calls = Cell::new(0);
+    let mut mint = counting_mint(&calls, d.path());
+    let got = b
+        .ensure(KEY, &d.path().join("gb"), &request(), &mut mint)
+        .unwrap();
+    assert_eq!(calls.get(), 1);
+    assert_eq!(got.outcome, tcg_core::engine::EnsureOutcome::Minted);
+    assert!(d.path().join("gb/model.pt2").exists());
+    assert!(b.store().get_ref(&graph_ref(KEY)).unwrap().is_some());
+    let stats = b.stats().unwrap();
+    assert_eq!(
+        stats.as_object().unwrap()["signing_failures"],
+        tcg_cj::Value::Int(1)
+    );
+}

@@ -98,7 +98,18 @@ pub fn open(
     let Some(record) = read_ref(client, layout, key)? else {
         return Ok(None);
     };
-    let Some(manifest) = read_manifest(client, layout, &record.manifest)? else {
+    open_manifest(client, layout, &record.manifest)
+}
+
+/// Open the envelope of manifest `m` (named by the ref, or by a signature
+/// record): the manifest's SHA-256 and shape, every chunk's presence and
+/// size, then the checked stream.
+pub fn open_manifest(
+    client: &Client,
+    layout: &Layout,
+    m: &Digest,
+) -> Result<Option<RemoteEnvelope>, RemoteError> {
+    let Some(manifest) = read_manifest(client, layout, m)? else {
         return Ok(None);
     };
     // A missing chunk is a miss, found before any byte is streamed.
@@ -107,7 +118,7 @@ pub fn open(
             Ok(meta) if meta.size == c.len => {}
             Ok(meta) => {
                 return Err(RemoteError::Bad {
-                    manifest: Some(record.manifest.to_hex()),
+                    manifest: Some(m.to_hex()),
                     why: format!(
                         "chunk {} is {} bytes, the manifest says {}",
                         c.digest.to_hex(),
@@ -123,7 +134,7 @@ pub fn open(
     let failure: FailureSlot = Arc::new(Mutex::new(None));
     let reader = ChunkStream::new(client, layout, manifest, Arc::clone(&failure));
     Ok(Some(RemoteEnvelope {
-        manifest: record.manifest,
+        manifest: *m,
         reader: Box::new(reader),
         failure,
     }))

@@ -161,13 +161,35 @@ pub fn begin(client: &Arc<Client>, layout: &Layout, clock: &ServerClock, key: &s
 /// is small against a compile, while a waiting follower costs the bucket at
 /// most two small GETs a second.
 pub fn await_ref(client: &Client, layout: &Layout, clock: &ServerClock, key: &str) -> bool {
+    await_until(
+        client,
+        layout,
+        clock,
+        key,
+        &|| match crate::fetch::read_ref(client, layout, key) {
+            Ok(r) => Some(r.is_some()),
+            Err(_) => None,
+        },
+    )
+}
+
+/// Wait until `done` says `Some(true)` (`None`: stop, the remote failed),
+/// with jittered backoff up to the configured wait; stop early when the
+/// lease of `key` is gone or expired (then `done` decides once more).
+pub fn await_until(
+    client: &Client,
+    layout: &Layout,
+    clock: &ServerClock,
+    key: &str,
+    done: &dyn Fn() -> Option<bool>,
+) -> bool {
     let deadline = Instant::now() + client.config.wait;
     let mut pause = Duration::from_millis(100);
     loop {
-        match crate::fetch::read_ref(client, layout, key) {
-            Ok(Some(_)) => return true,
-            Ok(None) => {}
-            Err(_) => return false,
+        match done() {
+            Some(true) => return true,
+            Some(false) => {}
+            None => return false,
         }
         match client.get_small(&layout.lease(key), MAX_LEASE_BYTES) {
             Ok((held, meta)) => {
@@ -176,9 +198,7 @@ pub fn await_ref(client: &Client, layout: &Layout, clock: &ServerClock, key: &st
                 }
             }
             // No lease and no ref: the leader gave up; one last look.
-            Err(Fail::NotFound) => {
-                return matches!(crate::fetch::read_ref(client, layout, key), Ok(Some(_)))
-            }
+            Err(Fail::NotFound) => return done() == Some(true),
             Err(_) => {}
         }
         let now = Instant::now();

@@ -16,12 +16,15 @@ pub mod flight;
 pub mod layout;
 pub mod ops;
 pub mod publish;
+pub mod signatures;
 
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use tcg_cas::{Digest, Store};
-use tcg_core::engine::{Flight, RemoteEnvelope, RemoteError, RemotePublication, RemoteTier};
+use tcg_core::engine::{
+    Flight, RemoteEnvelope, RemoteError, RemotePublication, RemoteTier, SignatureRecords,
+};
 use tcg_core::{Code, Error, Result};
 
 pub use client::{Client, Fail};
@@ -155,5 +158,44 @@ impl RemoteTier for Remote {
         let body = tcg_cj::to_canonical(&tcg_cj::Value::Object(m)).unwrap_or_default();
         let path = self.layout.report(key, &manifest, &layout::random_hex32());
         client.create(&path, Bytes::from(body)).is_ok()
+    }
+
+    fn signature_records(
+        &self,
+        key: &str,
+        fingerprints: Option<&[String]>,
+    ) -> std::result::Result<SignatureRecords, RemoteError> {
+        let client = self.tier_client()?;
+        signatures::records(client, &self.layout, key, fingerprints)
+    }
+
+    fn open_manifest(
+        &self,
+        key: &str,
+        manifest: &Digest,
+    ) -> std::result::Result<Option<RemoteEnvelope>, RemoteError> {
+        let _ = key;
+        let client = self.tier_client()?;
+        fetch::open_manifest(client, &self.layout, manifest)
+    }
+
+    fn publish_signature(
+        &self,
+        key: &str,
+        manifest: &Digest,
+        fingerprint_hex: &str,
+        record: &[u8],
+    ) -> std::result::Result<bool, RemoteError> {
+        let client = self.tier_client()?;
+        signatures::put_record(client, &self.layout, key, fingerprint_hex, manifest, record)
+    }
+
+    fn await_signed(&self, key: &str, fingerprints: &[String]) -> bool {
+        match self.tier_client() {
+            Ok(c) => flight::await_until(c, &self.layout, &self.clock, key, &|| {
+                signatures::any_record(c, &self.layout, key, fingerprints).ok()
+            }),
+            Err(_) => false,
+        }
     }
 }

@@ -77,12 +77,16 @@ pub fn push(
                     key,
                     &t.digest,
                 ) {
-                    Ok((p, uploaded)) => obj(vec![
-                        ("key", key.as_str().into()),
-                        ("outcome", p.outcome.as_str().into()),
-                        ("manifest", p.manifest.into()),
-                        ("uploaded_bytes", Value::Int(uploaded as i64)),
-                    ]),
+                    Ok((p, uploaded)) => {
+                        let signed = crate::signatures::push_records(engine, remote, key)?;
+                        obj(vec![
+                            ("key", key.as_str().into()),
+                            ("outcome", p.outcome.as_str().into()),
+                            ("manifest", p.manifest.into()),
+                            ("uploaded_bytes", Value::Int(uploaded as i64)),
+                            ("signatures", Value::Int(signed as i64)),
+                        ])
+                    }
                     Err(e) => obj(vec![
                         ("key", key.as_str().into()),
                         ("outcome", "ERROR".into()),
@@ -105,16 +109,23 @@ pub fn pull(
 ) -> Result<Value> {
     let mut rows = Vec::new();
     for (i, key) in keys.iter().enumerate() {
-        let source = engine.prefetch(key)?;
-        rows.push(obj(vec![
+        let pulled = engine.pull_key(key)?;
+        let mut row = vec![
             ("key", key.as_str().into()),
             (
                 "source",
-                source
+                pulled
+                    .source
                     .map(|s| Value::from(s.as_str()))
                     .unwrap_or(Value::Null),
             ),
-        ]));
+            ("signatures", Value::Int(pulled.signatures as i64)),
+        ];
+        if let Some(e) = pulled.refused {
+            row.push(("refused", e.code().as_str().into()));
+            row.push(("error", e.message().into()));
+        }
+        rows.push(obj(row));
         progress(i + 1, keys.len());
     }
     Ok(Value::Array(rows))
@@ -206,12 +217,15 @@ pub fn fsck(remote: &Remote, deep: bool) -> Result<(Value, bool)> {
         .into_iter()
         .map(|m| Value::from(m.location.to_string()))
         .collect();
-    let clean = bad.is_empty() && reports.is_empty();
+    let (signatures_checked, bad_signatures) = crate::signatures::fsck_records(client, layout)?;
+    let clean = bad.is_empty() && reports.is_empty() && bad_signatures.is_empty();
     Ok((
         obj(vec![
             ("refs_checked", Value::Int(checked)),
             ("bad", Value::Array(bad)),
             ("reports", Value::Array(reports)),
+            ("signatures_checked", Value::Int(signatures_checked)),
+            ("bad_signatures", Value::Array(bad_signatures)),
             ("clean", Value::Bool(clean)),
         ]),
         clean,
@@ -251,6 +265,11 @@ pub fn gc(
             }
         }
     }
+    // A manifest a signature record names is a root too: a trusted artifact
+    // beside an untrusted ref must survive (docs/fleet.md, "Trust").
+    let refs = manifests.len();
+    let signed_roots =
+        crate::signatures::mark_records(client, layout, &mut manifests, &mut chunks)?;
     let now = remote_now(remote)?;
     let cutoff = now - chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX);
     let mut candidates = Vec::new();
@@ -274,7 +293,8 @@ pub fn gc(
         progress(i + 1, candidates.len());
     }
     Ok(obj(vec![
-        ("refs", Value::Int(manifests.len() as i64)),
+        ("refs", Value::Int(refs as i64)),
+        ("signed_roots", Value::Int(signed_roots as i64)),
         ("kept_chunks", Value::Int(chunks.len() as i64)),
         ("freed_objects", Value::Int(freed)),
         ("freed_bytes", Value::Int(freed_bytes)),

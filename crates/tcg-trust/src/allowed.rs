@@ -159,6 +159,19 @@ fn is_key_type(t: &str) -> bool {
 }
 
 impl AllowedSigners {
+    /// The hex SHA-256 fingerprints of the listed keys, each once, in file
+    /// order: the signer prefixes a trusting fleet worker lists.
+    pub fn fingerprints_hex(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for s in &self.signers {
+            let fp = crate::fingerprint_hex(&PublicKey::new(s.key.clone(), ""));
+            if !out.contains(&fp) {
+                out.push(fp);
+            }
+        }
+        out
+    }
+
     /// Read and parse a file.
     pub fn load(path: &Path) -> Result<AllowedSigners> {
         let bytes = read_small_file(path)?;

@@ -35,10 +35,17 @@ pub enum Counter {
     RemotePublished,
     /// Evidence of a bad remote record written under `reports/`.
     RemoteReport,
+    /// A remote artifact a trusting worker did not take: the ref's artifact
+    /// with no record by an allowed signer, or a candidate the policy refused.
+    RemoteTrustRefused,
+    /// A remote signature record skipped as malformed or misfiled.
+    RemoteSignatureSkipped,
+    /// A mint that was published but could not be signed (a warning).
+    SigningFailure,
 }
 
 // New counters go at the end: a slot is a fixed offset in the stats file.
-const COUNTERS: [(Counter, &str); 9] = [
+const COUNTERS: [(Counter, &str); 12] = [
     (Counter::Hit, "hits"),
     (Counter::Miss, "misses"),
     (Counter::Mint, "mints"),
@@ -48,6 +55,9 @@ const COUNTERS: [(Counter, &str); 9] = [
     (Counter::RemoteError, "remote_errors"),
     (Counter::RemotePublished, "remote_published"),
     (Counter::RemoteReport, "remote_reports"),
+    (Counter::RemoteTrustRefused, "remote_trust_refused"),
+    (Counter::RemoteSignatureSkipped, "remote_signatures_skipped"),
+    (Counter::SigningFailure, "signing_failures"),
 ];
 
 fn slot(c: Counter) -> u64 {

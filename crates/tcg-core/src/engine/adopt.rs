@@ -227,13 +227,21 @@ impl Engine {
         if let Some(e) = rest {
             return Err(e);
         }
-        let (info, _report, stage) = ingested?;
+        let (info, report, stage) = ingested?;
         let m = info.manifest;
         if trailing > 0 {
             return Err(Error::new(
                 Code::ArtifactGzipTrailing,
                 format!("{trailing} bytes follow the envelope's gzip stream"),
             ));
+        }
+        if self.trust().has_policy() {
+            // An old store is "from elsewhere" like an import, and 0.2.0
+            // stores carry no signatures: under a policy each graph is
+            // refused (`trust.unsigned`). An operator vouching for its own
+            // old store adopts without a policy and signs (docs/trust.md).
+            let subject = super::subject_of(&report.metadata, &info.file_digest);
+            self.admit_fetched(&[], &subject)?;
         }
         let result = self.decide(&lease, key, m)?;
         self.after_publication(&lease, key, &m, &result, stage.path());

@@ -116,7 +116,15 @@ impl Engine {
         }
         let flight = self.remote.as_ref().map(|r| r.begin_flight(key));
         if matches!(flight, Some(super::Flight::Follow)) {
-            let appeared = self.remote.as_ref().is_some_and(|r| r.await_flight(key));
+            // A trusting follower waits for a signed record: the ref may
+            // name an artifact its policy refuses.
+            let appeared = self
+                .remote
+                .as_ref()
+                .is_some_and(|r| match self.trust().policy() {
+                    Some(p) => r.await_signed(key, &p.allowed().fingerprints_hex()),
+                    None => r.await_flight(key),
+                });
             if appeared {
                 if let Some(resolved) = self.hit(key, destination, request)? {
                     return Ok(EnsureResult {
@@ -156,6 +164,11 @@ impl Engine {
         // Publish before the fleet lease is released, so that followers find
         // the ref when the lease goes.
         let remote_publication = self.publish_remote(key, &resolved.manifest);
+        if remote_publication.is_some() && self.trust().has_signer() {
+            // Whatever the ref's outcome (DIVERGENT included): the records
+            // make this mint reachable for trusting workers.
+            self.publish_remote_signatures(key);
+        }
         drop(flight);
         let mut resolved = resolved;
         if publication.outcome != StoreOutcome::Divergent {
@@ -230,8 +243,16 @@ impl Engine {
         let result = self.decide(&lease, key, m)?;
         if result.outcome != StoreOutcome::Divergent {
             // A mint by this node: signed when a signing key is configured.
+            // The artifact is published already: a signing failure must not
+            // lose it (a warning and a counter; `sign` can vouch later).
             let subject = super::subject_of(&report.metadata, &info.file_digest);
-            self.sign_with_config(&lease, &subject)?;
+            if let Err(e) = self.sign_with_config(&lease, &subject) {
+                eprintln!(
+                    "torch-compiled-graphs: warning: {key}: the mint is published but signing it failed: {}",
+                    e.message()
+                );
+                self.count(super::Counter::SigningFailure);
+            }
         }
         self.after_publication(&lease, key, &m, &result, stage.path());
         drop(stage);

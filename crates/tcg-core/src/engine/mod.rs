@@ -19,6 +19,7 @@ mod mint;
 mod publish;
 mod quarantine;
 mod remote;
+mod remote_trust;
 mod resolve;
 mod signatures;
 
@@ -43,6 +44,7 @@ pub use remote::{
     warn as remote_warn, FailureSlot, Flight, RemoteEnvelope, RemoteError, RemotePublication,
     RemoteTier, Source, StreamFailure,
 };
+pub use remote_trust::{LocalRecords, Pulled, RemoteSignature, SignatureRecords, MAX_CANDIDATES};
 pub use signatures::{
     default_producer, envelope_subject, sig_path, signature_ref, signature_summary, subject_of,
     TrustConfig, TrustSettings, SIGNATURE_REF_PREFIX,

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use tcg_cas::{Digest, Store};
 
 use super::admin::Counter;
+use super::remote_trust::{Fetched, SignatureRecords};
 use super::{Engine, StoreOutcome};
 use crate::Kind;
 
@@ -151,6 +152,54 @@ pub trait RemoteTier: Send + Sync + fmt::Debug {
     /// Write create-only evidence that the record (key, manifest) is bad.
     /// Returns whether evidence was written.
     fn report(&self, key: &str, manifest: &str, why: &str) -> bool;
+
+    /// The signature records of `key` (docs/fleet.md, "Trust"): the manifest
+    /// `refs/<key>` names, and the records under
+    /// `signatures/<key>/<fp>/` for each fingerprint in `fingerprints`
+    /// (`None`: every signer), bounded per signer and in size; a record whose
+    /// name or bytes are malformed is skipped with its reason. The records'
+    /// signatures are not checked here. A remote without signatures has none.
+    fn signature_records(
+        &self,
+        key: &str,
+        fingerprints: Option<&[String]>,
+    ) -> Result<SignatureRecords, RemoteError> {
+        let _ = (key, fingerprints);
+        Ok(SignatureRecords::default())
+    }
+
+    /// The envelope of manifest `manifest` (named by a signature record, not
+    /// by the ref), checked like [`RemoteTier::open`]. `Ok(None)`: absent.
+    fn open_manifest(
+        &self,
+        key: &str,
+        manifest: &Digest,
+    ) -> Result<Option<RemoteEnvelope>, RemoteError> {
+        let _ = (key, manifest);
+        Ok(None)
+    }
+
+    /// Write one signature record of `key` about `manifest` by the signer
+    /// `fingerprint_hex`, create-only. `Ok(true)`: written; `Ok(false)`: an
+    /// identical record was there.
+    fn publish_signature(
+        &self,
+        key: &str,
+        manifest: &Digest,
+        fingerprint_hex: &str,
+        record: &[u8],
+    ) -> Result<bool, RemoteError> {
+        let _ = (key, manifest, fingerprint_hex, record);
+        Ok(false)
+    }
+
+    /// Wait, bounded, for another worker's compile of `key` to produce a
+    /// record signed by one of `fingerprints` (a trusting follower: the ref
+    /// may name an untrusted artifact). `true` once one exists.
+    fn await_signed(&self, key: &str, fingerprints: &[String]) -> bool {
+        let _ = fingerprints;
+        self.await_flight(key)
+    }
 }
 
 /// One warning line on stderr: a remote problem never fails the caller.
@@ -170,7 +219,7 @@ impl Engine {
         self.remote.as_ref()
     }
 
-    fn remote_bad(&self, remote: &dyn RemoteTier, key: &str, manifest: &str, why: &str) {
+    pub(crate) fn remote_bad(&self, remote: &dyn RemoteTier, key: &str, manifest: &str, why: &str) {
         warn(format_args!("{key}: {why}"));
         self.count(Counter::RemoteError);
         if remote.report(key, manifest, why) {
@@ -181,20 +230,13 @@ impl Engine {
     /// On a local miss: fetch `key` from the remote, verify it fully, admit
     /// it on this host and publish it locally. `true` when the local store
     /// now has a record for `key` that came from the remote. Never an error.
+    /// With a trust policy the candidates are the signed ones (remote_trust).
     pub(crate) fn fetch_remote(&self, key: &str) -> bool {
         let Some(remote) = self.remote.clone() else {
             return false;
         };
         if self.trust().has_policy() {
-            // Fail closed until the remote carries signatures: under a trust
-            // policy nothing fetched could be proven signed, so the remote is
-            // not consulted and the miss compiles locally (docs/trust.md).
-            warn(format_args!(
-                "{key}: a trust policy is set and remote signatures are not supported yet; \
-                 the remote is not consulted"
-            ));
-            self.count(Counter::RemoteMiss);
-            return false;
+            return self.fetch_remote_trusted(key, &*remote).is_published();
         }
         let envelope = match remote.open(key) {
             Ok(Some(e)) => e,
@@ -213,57 +255,94 @@ impl Engine {
                 return false;
             }
         };
+        self.ingest_remote(&*remote, key, envelope, None)
+            .is_published()
+    }
+
+    /// Verify, admit and publish a fetched envelope of `key`. With
+    /// `signatures`, the trust policy must admit the verified artifact by one
+    /// of them before any ref is written (a refusal is `Fetched::Refused`,
+    /// never evidence: unsigned is not corrupt); the valid ones are stored
+    /// beside it. Counts hits, misses and errors, never refusals.
+    pub(crate) fn ingest_remote(
+        &self,
+        remote: &dyn RemoteTier,
+        key: &str,
+        envelope: RemoteEnvelope,
+        signatures: Option<&[tcg_trust::SignedStatement]>,
+    ) -> Fetched {
         let manifest = envelope.manifest.to_hex();
         let failure = envelope.failure.clone();
         let lease = match self.store.lease() {
             Ok(l) => l,
             Err(e) => {
                 warn(format_args!("{key}: local store: {e}"));
-                return false;
+                return Fetched::Miss;
             }
         };
         let ingested = self.ingest_verified(&lease, envelope.reader, key, true);
         let recorded = failure.lock().map(|mut s| s.take()).unwrap_or(None);
-        let (m, stage) = match (ingested, recorded) {
-            (Ok((info, _report, stage)), _) => (info.manifest, stage),
+        let (info, report, stage) = match (ingested, recorded) {
+            (Ok(got), _) => got,
             (Err(e), Some(StreamFailure::Transport(why))) => {
                 warn(format_args!("{key}: {why} ({})", e.message()));
                 self.count(Counter::RemoteError);
-                return false;
+                return Fetched::Miss;
             }
             (Err(_), Some(StreamFailure::Bad(why))) => {
-                self.remote_bad(&*remote, key, &manifest, &why);
-                return false;
+                self.remote_bad(remote, key, &manifest, &why);
+                return Fetched::Miss;
             }
             (Err(e), None) if e.kind() == Kind::Admission => {
                 // A sound artifact this host cannot run: a miss, not evidence.
                 warn(format_args!("{key}: not admitted here: {}", e.message()));
                 self.count(Counter::RemoteMiss);
-                return false;
+                return Fetched::Miss;
             }
             (Err(e), None) if e.kind() == Kind::Io => {
                 warn(format_args!("{key}: local store: {}", e.message()));
                 self.count(Counter::RemoteError);
-                return false;
+                return Fetched::Miss;
             }
             (Err(e), None) => {
-                self.remote_bad(&*remote, key, &manifest, e.message());
-                return false;
+                self.remote_bad(remote, key, &manifest, e.message());
+                return Fetched::Miss;
             }
         };
-        let published = self
-            .decide(&lease, key, m)
-            .map(|r| self.after_publication(&lease, key, &m, &r, stage.path()));
+        let m = info.manifest;
+        let keep = match signatures {
+            None => Vec::new(),
+            Some(entries) => {
+                let subject = super::subject_of(&report.metadata, &info.file_digest);
+                match self.admit_fetched(entries, &subject) {
+                    Ok(keep) => keep,
+                    Err(e) => {
+                        // Nothing was published: the ingested objects have no
+                        // ref and are garbage for GC.
+                        drop(stage);
+                        let _ = lease.end();
+                        return Fetched::Refused(e);
+                    }
+                }
+            }
+        };
+        let published = self.decide(&lease, key, m).and_then(|r| {
+            for (entry, v) in &keep {
+                self.store_signature(&lease, entry, v)?;
+            }
+            self.after_publication(&lease, key, &m, &r, stage.path());
+            Ok(())
+        });
         drop(stage);
         let _ = lease.end();
         match published {
             Ok(()) => {
                 self.count(Counter::RemoteHit);
-                true
+                Fetched::Published
             }
             Err(e) => {
                 warn(format_args!("{key}: local publication: {}", e.message()));
-                false
+                Fetched::Miss
             }
         }
     }
