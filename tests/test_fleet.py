@@ -4,6 +4,7 @@ with a fault proxy between the engine and moto and a deliberately broken stub fo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -153,6 +154,17 @@ def test_the_environment_names_the_remote(fleet: str, tmp_path: Path, monkeypatc
     assert Engine(tmp_path / "none", remote="").remote is None
 
 
+def test_the_remote_verdict_uses_store_outcome_values() -> None:
+    from torch_compiled_graphs import StoreOutcome
+    from torch_compiled_graphs.engine import _remote_publication
+
+    for native, value in [("STORED", "stored"), ("PRESENT", "present"), ("DIVERGENT", "divergent")]:
+        got = _remote_publication({"outcome": native, "manifest": "ab" * 32})
+        assert got is not None and got["outcome"] == value and got["manifest"] == "ab" * 32
+        assert got["outcome"] is StoreOutcome(value)
+    assert _remote_publication(None) is None
+
+
 def test_a_bad_remote_url_is_a_typed_error(tmp_path: Path) -> None:
     from torch_compiled_graphs import Engine
     from torch_compiled_graphs.errors import StorageError
@@ -198,6 +210,54 @@ def test_faults_are_misses_never_served_never_errors(
         assert found is not None and found.source == "remote"
     finally:
         proxy.close()
+
+
+def big_envelope(tmp_path: Path, mib: int) -> Path:
+    """The reference package plus `mib` MiB of random bytes in one entry, packed anew (so the
+    envelope spans several 64 MiB chunks)."""
+    import tarfile
+    import zipfile
+
+    from torch_compiled_graphs import artifact
+
+    members = tmp_path / "members"
+    members.mkdir()
+    with tarfile.open(REFERENCE / "mlp-cpu.tar.gz") as tar:
+        tar.extractall(members, filter="data")
+    pkg = members / "model.pt2"
+    with zipfile.ZipFile(pkg, "a", compression=zipfile.ZIP_STORED) as z:
+        with z.open("model/data/aotinductor/model/mlp/filler.bin", "w", force_zip64=True) as f:
+            for _ in range(mib):
+                f.write(os.urandom(1 << 20))
+    out = tmp_path / "big.tar.gz"
+    artifact.pack(pkg, artifact.read_metadata(REFERENCE / "mlp-cpu.tar.gz"), out)
+    return out
+
+
+def test_a_manifest_stating_another_file_digest_over_intact_chunks_is_never_served(
+    fleet: str, moto: Moto, tmp_path: Path
+) -> None:
+    # Every chunk of this 2-chunk record is intact and matches its digest, but the manifest
+    # states another whole-file SHA-256: proof that the record is bad, reported, never served.
+    a = engine(tmp_path / "a", fleet)
+    a.import_artifact(REFERENCE_KEY, big_envelope(tmp_path, 70))
+    out = cli("push", "--cas-root", str(tmp_path / "a"), "--remote", fleet, REFERENCE_KEY, env={})
+    assert out.returncode == 0, out.stderr
+    record = json.loads(raw_get(moto, fleet, f"refs/{REFERENCE_KEY}"))
+    manifest = json.loads(raw_get(moto, fleet, f"manifests/sha256/{record['manifest'][7:]}"))
+    assert len(manifest["chunks"]) == 2
+    manifest["digest"] = "sha256:" + hashlib.sha256(b"not the file").hexdigest()
+    lie = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
+    lie_name = hashlib.sha256(lie).hexdigest()
+    raw_put(moto, fleet, f"manifests/sha256/{lie_name}", lie)
+    record["manifest"] = f"sha256:{lie_name}"
+    raw_put(moto, fleet, f"refs/{REFERENCE_KEY}", json.dumps(record, separators=(",", ":"), sort_keys=True).encode())
+    b = engine(tmp_path / "b", fleet)
+    assert b.resolve(REFERENCE_KEY, tmp_path / "g") is None
+    assert not (tmp_path / "g").exists()
+    stats = b.stats()
+    assert stats["remote_hits"] == 0 and stats["remote_reports"] == 1
+    assert len(list_names(moto, fleet, "reports")) == 1
 
 
 def test_an_unreachable_remote_is_a_miss_and_a_local_hit_never_contacts_it(
@@ -297,7 +357,8 @@ def recipe():
     return spec
 r = Engine(sys.argv[1], remote=sys.argv[2]).ensure(key, sys.argv[3], target="cpu", toolchain=toolchain, recipe=recipe)
 outcome = getattr(r.outcome, "name", str(r.outcome))
-print(json.dumps({{"key": key, "outcome": outcome, "source": r.source, "compiled": len(compiled)}}))
+rp = r.remote_publication
+print(json.dumps({{"key": key, "outcome": outcome, "source": r.source, "compiled": len(compiled), "remote": rp}}))
 """
 
 
@@ -335,4 +396,6 @@ def test_eight_workers_on_eight_stores_compile_once(fleet: str, tmp_path: Path) 
     assert sum(r["compiled"] for r in results) == 1, results
     assert sorted(r["source"] for r in results) == ["compiled"] + ["remote"] * 7, results
     assert {r["outcome"] for r in results if r["source"] == "remote"} == {"REUSED"}
+    # The winner's remote verdict speaks StoreOutcome's lowercase values.
+    assert [r["remote"]["outcome"] for r in results if r["source"] == "compiled"] == ["stored"]
     assert len({r["key"] for r in results}) == 1
