@@ -213,7 +213,8 @@ impl Engine {
                 return false;
             }
         };
-        let manifest = envelope.manifest.to_hex();
+        let envelope_manifest = envelope.manifest;
+        let manifest = envelope_manifest.to_hex();
         let failure = envelope.failure.clone();
         let lease = match self.store.lease() {
             Ok(l) => l,
@@ -225,7 +226,23 @@ impl Engine {
         let ingested = self.ingest_verified(&lease, envelope.reader, key, true);
         let recorded = failure.lock().map(|mut s| s.take()).unwrap_or(None);
         let (m, stage) = match (ingested, recorded) {
-            (Ok((info, _report, stage)), _) => (info.manifest, stage),
+            (Ok((info, _report, stage)), _) if info.manifest == envelope_manifest => {
+                (info.manifest, stage)
+            }
+            (Ok((info, _report, _stage)), _) => {
+                // Every chunk matched its digest, so the bytes are the ones the
+                // remote manifest lists; a different local manifest means the
+                // remote one states another file digest or size: proof.
+                let why = format!(
+                    "the verified chunks make manifest {} (file SHA-256 {}, {} bytes), \
+                     the ref names manifest {manifest}",
+                    info.manifest.to_hex(),
+                    info.file_digest.to_hex(),
+                    info.size
+                );
+                self.remote_bad(&*remote, key, &manifest, &why);
+                return false;
+            }
             (Err(e), Some(StreamFailure::Transport(why))) => {
                 warn(format_args!("{key}: {why} ({})", e.message()));
                 self.count(Counter::RemoteError);
