@@ -165,6 +165,37 @@ def test_the_remote_verdict_uses_store_outcome_values() -> None:
     assert _remote_publication(None) is None
 
 
+def test_explain_says_whether_the_remote_has_the_key(
+    fleet: str, moto: Moto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_explain_reference import declaration, reference_metadata
+
+    md = reference_metadata()
+    sm, toolchain = md["sm"], md["toolchain"]
+    # Not yet on the remote; a store with no remote says nothing (None).
+    b = engine(tmp_path / "b", fleet)
+    assert b.explain(declaration(), target=sm, toolchain=toolchain).remote == {"state": "absent"}
+    assert engine(tmp_path / "n", None).explain(declaration(), target=sm, toolchain=toolchain).remote is None
+    push_reference(tmp_path, fleet)
+    e = b.explain(declaration(), target=sm, toolchain=toolchain)
+    record = json.loads(raw_get(moto, fleet, f"refs/{REFERENCE_KEY}"))
+    assert not e.present and e.remote == {"state": "present", "manifest": record["manifest"][len("sha256:") :]}
+    assert e.report["remote"] == e.remote
+    assert f"on the remote: manifest {e.remote['manifest']}" in str(e)
+    # Explaining fetched nothing.
+    assert b.stats()["remote_hits"] == 0 and not b.explain(declaration(), target=sm, toolchain=toolchain).present
+    # A remote that fails reads as unknown, with the reason, never an error.
+    proxy = FaultProxy(moto.port)
+    try:
+        proxy.fault = Fault("status", "/refs/", status=503)
+        monkeypatch.setenv("AWS_ENDPOINT", proxy.endpoint)
+        u = engine(tmp_path / "u", fleet).explain(declaration(), target=sm, toolchain=toolchain)
+        assert u.remote is not None and u.remote["state"] == "unknown" and u.remote["reason"]
+        assert "remote: unknown (" in str(u)
+    finally:
+        proxy.close()
+
+
 def test_a_bad_remote_url_is_a_typed_error(tmp_path: Path) -> None:
     from torch_compiled_graphs import Engine
     from torch_compiled_graphs.errors import StorageError

@@ -156,4 +156,9 @@ impl RemoteTier for Remote {
         let path = self.layout.report(key, &manifest, &layout::random_hex32());
         client.create(&path, Bytes::from(body)).is_ok()
     }
+
+    fn has_ref(&self, key: &str) -> std::result::Result<Option<Digest>, RemoteError> {
+        let client = self.tier_client()?;
+        fetch::read_ref(client, &self.layout, key).map(|r| r.map(|rec| rec.manifest))
+    }
 }

@@ -151,6 +151,16 @@ pub trait RemoteTier: Send + Sync + fmt::Debug {
     /// Write create-only evidence that the record (key, manifest) is bad.
     /// Returns whether evidence was written.
     fn report(&self, key: &str, manifest: &str, why: &str) -> bool;
+
+    /// The manifest the remote's ref of `key` names, after checking the
+    /// ref's key; `Ok(None)` when there is no ref. Nothing is fetched beyond
+    /// the ref (for `explain`). The default cannot tell.
+    fn has_ref(&self, key: &str) -> Result<Option<Digest>, RemoteError> {
+        let _ = key;
+        Err(RemoteError::Unavailable(
+            "this remote tier cannot look up refs".into(),
+        ))
+    }
 }
 
 /// One warning line on stderr: a remote problem never fails the caller.

@@ -2,7 +2,8 @@
 //! injected by a small HTTP proxy between the engine and a real S3 server
 //! (moto, started here on a free loopback port), costs at most a local
 //! compile, never a failed `ensure`, with the same counters and evidence as
-//! on `resolve` (tests/test_fleet.py covers `resolve` from Python).
+//! on `resolve` (tests/test_fleet.py covers `resolve` from Python). Also
+//! `explain`'s remote presence, which a failing remote turns into "unknown".
 //!
 //! The mint is the cheap reference mint of the engine tests (no AOTInductor
 //! compile): what is under test is the remote path around it.
@@ -19,6 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::{counting_mint, reference, KEY};
+use tcg_cj::Value;
 use tcg_core::engine::{Engine, EnsureOutcome, Request, Source};
 use tcg_remote::{Remote, RemoteConfig};
 
@@ -442,4 +444,64 @@ fn ensure_with_an_unreachable_remote_mints_locally() {
     assert_eq!(got.outcome, EnsureOutcome::Minted);
     assert_eq!(calls.get(), 1);
     assert!(stat(&b, "remote_errors") >= 1);
+}
+
+/// `explain` says whether the remote has a ref for the key (fetching
+/// nothing); a failing remote reads as unknown with its reason; no remote, null.
+#[test]
+fn explain_reports_the_remote_presence_of_the_key() {
+    let d = tempfile::tempdir().unwrap();
+    let url = bucket();
+    let direct = remote(&url, None);
+    let a = Engine::open(d.path().join("a"))
+        .unwrap()
+        .with_remote(direct.clone());
+    a.import_artifact(KEY, &reference()).unwrap();
+    let facts = a.stored_facts(KEY).unwrap().unwrap();
+    let state = |e: &Engine| {
+        let v = e.explain(&facts, 3).unwrap();
+        v.as_object().unwrap()["remote"].clone()
+    };
+    let b = Engine::open(d.path().join("b"))
+        .unwrap()
+        .with_remote(direct.clone());
+    let absent = state(&b);
+    assert_eq!(
+        absent.as_object().unwrap()["state"].as_str(),
+        Some("absent")
+    );
+
+    tcg_remote::ops::push(&a, &direct, &[KEY.to_string()], &mut |_, _| {}).unwrap();
+    let present = state(&b);
+    let m = present.as_object().unwrap();
+    assert_eq!(m["state"].as_str(), Some("present"));
+    let local = a.resolve(KEY, &d.path().join("ga")).unwrap().unwrap();
+    assert_eq!(m["manifest"].as_str(), Some(local.manifest.as_str()));
+    // Nothing was fetched: b still has no record and no remote hit.
+    assert!(b
+        .store()
+        .get_ref(&tcg_core::engine::graph_ref(KEY))
+        .unwrap()
+        .is_none());
+    assert_eq!(stat(&b, "remote_hits"), 0);
+    let text = tcg_core::engine::render_explanation(&b.explain(&facts, 3).unwrap());
+    assert!(text.contains("on the remote: manifest "), "{text}");
+
+    let proxy = FaultProxy::start(
+        moto_port(),
+        Fault {
+            kind: Kind::Status(503),
+            matching: "/refs/",
+        },
+    );
+    let u = Engine::open(d.path().join("u"))
+        .unwrap()
+        .with_remote(remote(&url, Some(proxy.port)));
+    let unknown = state(&u);
+    let m = unknown.as_object().unwrap();
+    assert_eq!(m["state"].as_str(), Some("unknown"));
+    assert!(m["reason"].as_str().is_some_and(|r| !r.is_empty()));
+
+    let none = Engine::open(d.path().join("n")).unwrap();
+    assert_eq!(state(&none), Value::Null);
 }
