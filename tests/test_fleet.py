@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -292,7 +293,7 @@ def test_a_manifest_stating_another_file_digest_over_intact_chunks_is_never_serv
 
 
 def test_an_unreachable_remote_is_a_miss_and_a_local_hit_never_contacts_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     dead = free_port()
     monkeypatch.setenv("AWS_ENDPOINT", f"http://127.0.0.1:{dead}")
@@ -304,8 +305,13 @@ def test_an_unreachable_remote_is_a_miss_and_a_local_hit_never_contacts_it(
     e.import_artifact(REFERENCE_KEY, REFERENCE / "mlp-cpu.tar.gz")
     assert e.resolve(REFERENCE_KEY, tmp_path / "g") is not None
     assert e.stats()["remote_errors"] == 0
-    assert e.resolve(OTHER_KEY, tmp_path / "g2") is None
+    with caplog.at_level(logging.WARNING, logger="torch_compiled_graphs"):
+        assert e.resolve(OTHER_KEY, tmp_path / "g2") is None
     assert e.stats()["remote_errors"] == 1
+    # The warning went to the package's logger (not raw stderr).
+    warned = [r for r in caplog.records if r.name == "torch_compiled_graphs"]
+    assert len(warned) == 1 and warned[0].getMessage().startswith(f"remote tier: {OTHER_KEY}: ")
+    assert "remote tier" not in capfd.readouterr().err
 
 
 def test_fleet_doctor_qualifies_moto(fleet: str, tmp_path: Path) -> None:

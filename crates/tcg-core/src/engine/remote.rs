@@ -163,9 +163,26 @@ pub trait RemoteTier: Send + Sync + fmt::Debug {
     }
 }
 
-/// One warning line on stderr: a remote problem never fails the caller.
+/// A receiver of remote-tier warnings (one line, without a prefix).
+pub type WarnHook = Box<dyn Fn(&str) + Send + Sync>;
+
+static WARN_HOOK: std::sync::OnceLock<WarnHook> = std::sync::OnceLock::new();
+
+/// Send remote-tier warnings to `hook` instead of stderr (the Python layer
+/// forwards them to its logger). Set once per process: `false` when a hook
+/// was set already (that one stays).
+pub fn set_warn_hook(hook: WarnHook) -> bool {
+    WARN_HOOK.set(hook).is_ok()
+}
+
+/// One warning: a remote problem never fails the caller. On stderr as
+/// `torch-compiled-graphs: warning: remote tier: …` unless a hook is set.
 pub fn warn(what: impl fmt::Display) {
-    eprintln!("torch-compiled-graphs: warning: remote tier: {what}");
+    let line = format!("remote tier: {what}");
+    match WARN_HOOK.get() {
+        Some(hook) => hook(&line),
+        None => eprintln!("torch-compiled-graphs: warning: {line}"),
+    }
 }
 
 impl Engine {
