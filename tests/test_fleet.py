@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REFERENCE, REFERENCE_KEY
-from tests.fleet_support import Fault, FaultProxy, Moto, broken_s3, cli, free_port, moto_server
+from tests.fleet_support import CREDENTIALS, Fault, FaultProxy, Moto, broken_s3, cli, free_port, moto_server, wait_port
 
 OTHER_KEY = REFERENCE_KEY[:-1] + ("0" if REFERENCE_KEY[-1] != "0" else "1")
 
@@ -320,8 +320,54 @@ def test_fleet_doctor_qualifies_moto(fleet: str, tmp_path: Path) -> None:
     v = json.loads(out.stdout)
     assert v["qualified"] is True and v["race_winners"] == 1 and v["racers"] == 16
     assert v["second_create_refused"] and v["stale_update_refused"] and v["race_body_intact"]
+    # moto does not validate upload checksums: the altered upload is accepted, and reported.
+    assert v["checksum_refused"] is False
+    text = cli("fleet", "doctor", "--remote", fleet, env={})
+    assert "wrong upload checksum refused: false (accepted; reported, not required)" in text.stdout
     cached = list((tmp_path / "cache" / "torch-compiled-graphs" / "fleet-doctor").iterdir())
     assert len(cached) == 1 and json.loads(cached[0].read_text())["qualified"] is True
+
+
+def test_fleet_doctor_reports_a_server_that_refuses_a_wrong_checksum(tmp_path: Path) -> None:
+    """ministack==1.5.33 validates upload checksums (moto does not, FLEET.md §8): installed
+    by this test into its own venv under the test's tmp dir, then qualified by the doctor."""
+    import http.client
+    import shutil
+    import subprocess
+    import sys
+
+    uv = shutil.which("uv")
+    assert uv is not None, "uv is needed to install ministack==1.5.33 into the test's own venv"
+    venv = tmp_path / "ministack-venv"
+    subprocess.run([uv, "venv", "-q", str(venv), "-p", sys.executable], check=True, timeout=300)
+    install = [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "ministack==1.5.33"]
+    subprocess.run(install, check=True, timeout=600)
+    port = free_port()
+    server = subprocess.Popen(
+        [str(venv / "bin" / "ministack")],
+        env={**os.environ, "GATEWAY_PORT": str(port), "MINISTACK_HOST": "127.0.0.1", "SERVICES": "s3"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("PUT", "/doctor")
+        assert conn.getresponse().status == 200
+        env = {
+            **CREDENTIALS,
+            "AWS_ENDPOINT": f"http://127.0.0.1:{port}",
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        }
+        out = cli("fleet", "doctor", "--remote", "s3://doctor/p", "--json", env=env)
+        assert out.returncode == 0, out.stderr
+        v = json.loads(out.stdout)
+        assert v["checksum_refused"] is True and v["qualified"] is True
+        text = cli("fleet", "doctor", "--remote", "s3://doctor/p", env=env)
+        assert "wrong upload checksum refused: true\n" in text.stdout
+    finally:
+        server.kill()
+        server.wait(timeout=30)
 
 
 def test_fleet_doctor_flags_a_store_that_lets_two_racers_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ pub mod flight;
 pub mod layout;
 pub mod ops;
 pub mod publish;
+mod tamper;
 
 use std::sync::{Arc, OnceLock};
 

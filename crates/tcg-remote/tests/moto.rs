@@ -538,6 +538,9 @@ fn fleet_doctor_qualifies_moto_and_ls_fsck_gc_see_the_records() {
     let v = tcg_remote::doctor::run(&r).unwrap();
     assert!(v.qualified(), "{v:?}");
     assert_eq!(v.race_winners, 1);
+    // moto stores an upload whose bytes do not match its checksum (it does
+    // not validate checksums): reported as accepted, not a failed verdict.
+    assert_eq!(v.checksum_refused, Some(false), "{v:?}");
     assert_eq!(
         tcg_remote::doctor::cached_verdict(&r.config().url),
         Some(true)
