@@ -185,6 +185,16 @@ def test_explain_says_whether_the_remote_has_the_key(
     assert f"on the remote: manifest {e.remote['manifest']}" in str(e)
     # Explaining fetched nothing.
     assert b.stats()["remote_hits"] == 0 and not b.explain(declaration(), target=sm, toolchain=toolchain).present
+    # The CLI's `explain KEY_A KEY_B` says the same for each key when a remote is configured.
+    out = cli(
+        "explain", "--cas-root", str(tmp_path / "a"), "--remote", fleet, "--json", REFERENCE_KEY, REFERENCE_KEY, env={}
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["remote"] == {"a": e.remote, "b": e.remote}
+    text = cli("explain", "--cas-root", str(tmp_path / "a"), "--remote", fleet, REFERENCE_KEY, REFERENCE_KEY, env={})
+    assert f"{REFERENCE_KEY}: on the remote (manifest {e.remote['manifest']})" in text.stdout
+    plain = cli("explain", "--cas-root", str(tmp_path / "a"), "--json", REFERENCE_KEY, REFERENCE_KEY, env={})
+    assert plain.returncode == 0 and "remote" not in json.loads(plain.stdout)
     # A remote that fails reads as unknown, with the reason, never an error.
     proxy = FaultProxy(moto.port)
     try:
