@@ -37,7 +37,11 @@ def free_port() -> int:
 
 
 def moto_server_path() -> str:
-    """The venv's moto_server; fail loudly when it is missing (the test extra installs it)."""
+    """$TCG_MOTO_SERVER, else the venv's moto_server, else PATH's; fail loudly when it is
+    missing (the test extra installs it)."""
+    named = os.environ.get("TCG_MOTO_SERVER")
+    if named:
+        return named
     path = Path(sys.executable).parent / "moto_server"
     if not path.exists():
         found = shutil.which("moto_server")

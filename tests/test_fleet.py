@@ -4,7 +4,9 @@ with a fault proxy between the engine and moto and a deliberately broken stub fo
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REFERENCE, REFERENCE_KEY
-from tests.fleet_support import Fault, FaultProxy, Moto, broken_s3, cli, free_port, moto_server
+from tests.fleet_support import CREDENTIALS, Fault, FaultProxy, Moto, broken_s3, cli, free_port, moto_server, wait_port
 
 OTHER_KEY = REFERENCE_KEY[:-1] + ("0" if REFERENCE_KEY[-1] != "0" else "1")
 
@@ -153,6 +155,58 @@ def test_the_environment_names_the_remote(fleet: str, tmp_path: Path, monkeypatc
     assert Engine(tmp_path / "none", remote="").remote is None
 
 
+def test_the_remote_verdict_uses_store_outcome_values() -> None:
+    from torch_compiled_graphs import StoreOutcome
+    from torch_compiled_graphs.engine import _remote_publication
+
+    for native, value in [("STORED", "stored"), ("PRESENT", "present"), ("DIVERGENT", "divergent")]:
+        got = _remote_publication({"outcome": native, "manifest": "ab" * 32})
+        assert got is not None and got["outcome"] == value and got["manifest"] == "ab" * 32
+        assert got["outcome"] is StoreOutcome(value)
+    assert _remote_publication(None) is None
+
+
+def test_explain_says_whether_the_remote_has_the_key(
+    fleet: str, moto: Moto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_explain_reference import declaration, reference_metadata
+
+    md = reference_metadata()
+    sm, toolchain = md["sm"], md["toolchain"]
+    # Not yet on the remote; a store with no remote says nothing (None).
+    b = engine(tmp_path / "b", fleet)
+    assert b.explain(declaration(), target=sm, toolchain=toolchain).remote == {"state": "absent"}
+    assert engine(tmp_path / "n", None).explain(declaration(), target=sm, toolchain=toolchain).remote is None
+    push_reference(tmp_path, fleet)
+    e = b.explain(declaration(), target=sm, toolchain=toolchain)
+    record = json.loads(raw_get(moto, fleet, f"refs/{REFERENCE_KEY}"))
+    assert not e.present and e.remote == {"state": "present", "manifest": record["manifest"][len("sha256:") :]}
+    assert e.report["remote"] == e.remote
+    assert f"on the remote: manifest {e.remote['manifest']}" in str(e)
+    # Explaining fetched nothing.
+    assert b.stats()["remote_hits"] == 0 and not b.explain(declaration(), target=sm, toolchain=toolchain).present
+    # The CLI's `explain KEY_A KEY_B` says the same for each key when a remote is configured.
+    out = cli(
+        "explain", "--cas-root", str(tmp_path / "a"), "--remote", fleet, "--json", REFERENCE_KEY, REFERENCE_KEY, env={}
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["remote"] == {"a": e.remote, "b": e.remote}
+    text = cli("explain", "--cas-root", str(tmp_path / "a"), "--remote", fleet, REFERENCE_KEY, REFERENCE_KEY, env={})
+    assert f"{REFERENCE_KEY}: on the remote (manifest {e.remote['manifest']})" in text.stdout
+    plain = cli("explain", "--cas-root", str(tmp_path / "a"), "--json", REFERENCE_KEY, REFERENCE_KEY, env={})
+    assert plain.returncode == 0 and "remote" not in json.loads(plain.stdout)
+    # A remote that fails reads as unknown, with the reason, never an error.
+    proxy = FaultProxy(moto.port)
+    try:
+        proxy.fault = Fault("status", "/refs/", status=503)
+        monkeypatch.setenv("AWS_ENDPOINT", proxy.endpoint)
+        u = engine(tmp_path / "u", fleet).explain(declaration(), target=sm, toolchain=toolchain)
+        assert u.remote is not None and u.remote["state"] == "unknown" and u.remote["reason"]
+        assert "remote: unknown (" in str(u)
+    finally:
+        proxy.close()
+
+
 def test_a_bad_remote_url_is_a_typed_error(tmp_path: Path) -> None:
     from torch_compiled_graphs import Engine
     from torch_compiled_graphs.errors import StorageError
@@ -200,8 +254,56 @@ def test_faults_are_misses_never_served_never_errors(
         proxy.close()
 
 
+def big_envelope(tmp_path: Path, mib: int) -> Path:
+    """The reference package plus `mib` MiB of random bytes in one entry, packed anew (so the
+    envelope spans several 64 MiB chunks)."""
+    import tarfile
+    import zipfile
+
+    from torch_compiled_graphs import artifact
+
+    members = tmp_path / "members"
+    members.mkdir()
+    with tarfile.open(REFERENCE / "mlp-cpu.tar.gz") as tar:
+        tar.extractall(members, filter="data")
+    pkg = members / "model.pt2"
+    with zipfile.ZipFile(pkg, "a", compression=zipfile.ZIP_STORED) as z:
+        with z.open("model/data/aotinductor/model/mlp/filler.bin", "w", force_zip64=True) as f:
+            for _ in range(mib):
+                f.write(os.urandom(1 << 20))
+    out = tmp_path / "big.tar.gz"
+    artifact.pack(pkg, artifact.read_metadata(REFERENCE / "mlp-cpu.tar.gz"), out)
+    return out
+
+
+def test_a_manifest_stating_another_file_digest_over_intact_chunks_is_never_served(
+    fleet: str, moto: Moto, tmp_path: Path
+) -> None:
+    # Every chunk of this 2-chunk record is intact and matches its digest, but the manifest
+    # states another whole-file SHA-256: proof that the record is bad, reported, never served.
+    a = engine(tmp_path / "a", fleet)
+    a.import_artifact(REFERENCE_KEY, big_envelope(tmp_path, 70))
+    out = cli("push", "--cas-root", str(tmp_path / "a"), "--remote", fleet, REFERENCE_KEY, env={})
+    assert out.returncode == 0, out.stderr
+    record = json.loads(raw_get(moto, fleet, f"refs/{REFERENCE_KEY}"))
+    manifest = json.loads(raw_get(moto, fleet, f"manifests/sha256/{record['manifest'][7:]}"))
+    assert len(manifest["chunks"]) == 2
+    manifest["digest"] = "sha256:" + hashlib.sha256(b"not the file").hexdigest()
+    lie = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
+    lie_name = hashlib.sha256(lie).hexdigest()
+    raw_put(moto, fleet, f"manifests/sha256/{lie_name}", lie)
+    record["manifest"] = f"sha256:{lie_name}"
+    raw_put(moto, fleet, f"refs/{REFERENCE_KEY}", json.dumps(record, separators=(",", ":"), sort_keys=True).encode())
+    b = engine(tmp_path / "b", fleet)
+    assert b.resolve(REFERENCE_KEY, tmp_path / "g") is None
+    assert not (tmp_path / "g").exists()
+    stats = b.stats()
+    assert stats["remote_hits"] == 0 and stats["remote_reports"] == 1
+    assert len(list_names(moto, fleet, "reports")) == 1
+
+
 def test_an_unreachable_remote_is_a_miss_and_a_local_hit_never_contacts_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
 ) -> None:
     dead = free_port()
     monkeypatch.setenv("AWS_ENDPOINT", f"http://127.0.0.1:{dead}")
@@ -213,8 +315,13 @@ def test_an_unreachable_remote_is_a_miss_and_a_local_hit_never_contacts_it(
     e.import_artifact(REFERENCE_KEY, REFERENCE / "mlp-cpu.tar.gz")
     assert e.resolve(REFERENCE_KEY, tmp_path / "g") is not None
     assert e.stats()["remote_errors"] == 0
-    assert e.resolve(OTHER_KEY, tmp_path / "g2") is None
+    with caplog.at_level(logging.WARNING, logger="torch_compiled_graphs"):
+        assert e.resolve(OTHER_KEY, tmp_path / "g2") is None
     assert e.stats()["remote_errors"] == 1
+    # The warning went to the package's logger (not raw stderr).
+    warned = [r for r in caplog.records if r.name == "torch_compiled_graphs"]
+    assert len(warned) == 1 and warned[0].getMessage().startswith(f"remote tier: {OTHER_KEY}: ")
+    assert "remote tier" not in capfd.readouterr().err
 
 
 def test_fleet_doctor_qualifies_moto(fleet: str, tmp_path: Path) -> None:
@@ -223,8 +330,54 @@ def test_fleet_doctor_qualifies_moto(fleet: str, tmp_path: Path) -> None:
     v = json.loads(out.stdout)
     assert v["qualified"] is True and v["race_winners"] == 1 and v["racers"] == 16
     assert v["second_create_refused"] and v["stale_update_refused"] and v["race_body_intact"]
+    # moto does not validate upload checksums: the altered upload is accepted, and reported.
+    assert v["checksum_refused"] is False
+    text = cli("fleet", "doctor", "--remote", fleet, env={})
+    assert "wrong upload checksum refused: false (accepted; reported, not required)" in text.stdout
     cached = list((tmp_path / "cache" / "torch-compiled-graphs" / "fleet-doctor").iterdir())
     assert len(cached) == 1 and json.loads(cached[0].read_text())["qualified"] is True
+
+
+def test_fleet_doctor_reports_a_server_that_refuses_a_wrong_checksum(tmp_path: Path) -> None:
+    """ministack==1.5.33 validates upload checksums (moto does not, FLEET.md §8): installed
+    by this test into its own venv under the test's tmp dir, then qualified by the doctor."""
+    import http.client
+    import shutil
+    import subprocess
+    import sys
+
+    uv = shutil.which("uv")
+    assert uv is not None, "uv is needed to install ministack==1.5.33 into the test's own venv"
+    venv = tmp_path / "ministack-venv"
+    subprocess.run([uv, "venv", "-q", str(venv), "-p", sys.executable], check=True, timeout=300)
+    install = [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "ministack==1.5.33"]
+    subprocess.run(install, check=True, timeout=600)
+    port = free_port()
+    server = subprocess.Popen(
+        [str(venv / "bin" / "ministack")],
+        env={**os.environ, "GATEWAY_PORT": str(port), "MINISTACK_HOST": "127.0.0.1", "SERVICES": "s3"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("PUT", "/doctor")
+        assert conn.getresponse().status == 200
+        env = {
+            **CREDENTIALS,
+            "AWS_ENDPOINT": f"http://127.0.0.1:{port}",
+            "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        }
+        out = cli("fleet", "doctor", "--remote", "s3://doctor/p", "--json", env=env)
+        assert out.returncode == 0, out.stderr
+        v = json.loads(out.stdout)
+        assert v["checksum_refused"] is True and v["qualified"] is True
+        text = cli("fleet", "doctor", "--remote", "s3://doctor/p", env=env)
+        assert "wrong upload checksum refused: true\n" in text.stdout
+    finally:
+        server.kill()
+        server.wait(timeout=30)
 
 
 def test_fleet_doctor_flags_a_store_that_lets_two_racers_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -297,7 +450,8 @@ def recipe():
     return spec
 r = Engine(sys.argv[1], remote=sys.argv[2]).ensure(key, sys.argv[3], target="cpu", toolchain=toolchain, recipe=recipe)
 outcome = getattr(r.outcome, "name", str(r.outcome))
-print(json.dumps({{"key": key, "outcome": outcome, "source": r.source, "compiled": len(compiled)}}))
+rp = r.remote_publication
+print(json.dumps({{"key": key, "outcome": outcome, "source": r.source, "compiled": len(compiled), "remote": rp}}))
 """
 
 
@@ -335,4 +489,6 @@ def test_eight_workers_on_eight_stores_compile_once(fleet: str, tmp_path: Path) 
     assert sum(r["compiled"] for r in results) == 1, results
     assert sorted(r["source"] for r in results) == ["compiled"] + ["remote"] * 7, results
     assert {r["outcome"] for r in results if r["source"] == "remote"} == {"REUSED"}
+    # The winner's remote verdict speaks StoreOutcome's lowercase values.
+    assert [r["remote"]["outcome"] for r in results if r["source"] == "compiled"] == ["stored"]
     assert len({r["key"] for r in results}) == 1

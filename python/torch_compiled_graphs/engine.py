@@ -293,6 +293,15 @@ class StoredCompiledGraph(_Record):
         return list(self.metadata["graph_class"]["constants"])
 
 
+def _remote_publication(raw: dict[str, str] | None) -> dict[str, str] | None:
+    """The native remote verdict with its outcome as a :class:`StoreOutcome` (a ``str``
+    whose value is lowercase, ``"stored"``, ``"present"`` or ``"divergent"``, like
+    :class:`StoreResult`'s outcome)."""
+    if raw is None:
+        return None
+    return {**raw, "outcome": StoreOutcome(str(raw["outcome"]).lower())}
+
+
 class EnsureResult(_Record):
     """What :meth:`Engine.ensure` did (:attr:`outcome`) and what it resolved (:attr:`compiled_graph`).
 
@@ -476,7 +485,7 @@ class Engine:
             StoredCompiledGraph._from_native(out["resolved"]),
             None if publication is None else StoreResult._from_native(publication),
             explanation,
-            out.get("remote_publication"),
+            _remote_publication(out.get("remote_publication")),
         )
 
     def explain(

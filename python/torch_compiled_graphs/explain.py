@@ -88,7 +88,10 @@ class Neighbour:
 class Explanation:
     """Whether a key is stored and, if not, its nearest stored neighbours with their differences.
 
-    ``remote`` is ``None``: a local store has no remote tier to ask.
+    ``remote`` is ``None`` without a fleet remote (and after a mint); with one, whether the
+    remote has a ref for the key: ``{"state": "present", "manifest": <64 hex>}``,
+    ``{"state": "absent"}``, or ``{"state": "unknown", "reason": ...}`` when it cannot be
+    asked (never an error). Nothing is fetched to say so.
     ``report`` is the stable JSON form (the CLI's ``--json``); ``str()`` is its text.
     """
 

@@ -1,11 +1,28 @@
 //! `explain`: why two stored keys differ, or what is stored for a graph class.
 
-use tcg_cj::Value;
+use tcg_cj::{Map, Value};
 use tcg_core::engine::{render_class, render_pair, Engine};
 use tcg_core::{Code, Error};
 
 use crate::commands::print_json;
 use crate::output::{print_line, Outcome};
+
+/// One line saying whether the remote has `key` (`Engine::remote_presence`).
+fn remote_line(key: &str, presence: &Value) -> String {
+    let get = |name: &str| {
+        presence
+            .as_object()
+            .and_then(|m| m.get(name))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    match get("state").as_str() {
+        "present" => format!("{key}: on the remote (manifest {})\n", get("manifest")),
+        "absent" => format!("{key}: not on the remote\n"),
+        _ => format!("{key}: remote unknown ({})\n", get("reason")),
+    }
+}
 
 fn print_text(text: &str) -> anyhow::Result<()> {
     print_line(text.trim_end_matches('\n'))
@@ -40,11 +57,28 @@ pub fn run(
         unreachable!("clap takes exactly two keys")
     };
     match engine.explain_keys(a, b)? {
-        Ok(report) => {
+        Ok(mut report) => {
+            // With a remote (`--remote` or the environment), whether it has a
+            // ref for each key; the member is absent without one.
+            let remote = engine.remote().is_some().then(|| {
+                let mut r = Map::new();
+                r.insert("a".into(), engine.remote_presence(a));
+                r.insert("b".into(), engine.remote_presence(b));
+                r
+            });
+            if let (Some(r), Value::Object(m)) = (&remote, &mut report) {
+                m.insert("remote".into(), Value::Object(r.clone()));
+            }
             if json {
                 print_json(&report)?;
             } else {
-                print_text(&render_pair(&report))?;
+                let mut text = render_pair(&report);
+                for (key, side) in [(a, "a"), (b, "b")] {
+                    if let Some(r) = &remote {
+                        text.push_str(&remote_line(key, &r[side]));
+                    }
+                }
+                print_text(&text)?;
             }
             Ok(Outcome::Success)
         }

@@ -227,8 +227,9 @@ pub(crate) fn dispatch(command: FleetCommand) -> anyhow::Result<Outcome> {
                     tcg_remote::doctor::RACERS,
                     verdict.race_body_intact,
                     match verdict.checksum_refused {
-                        Some(b) => b.to_string(),
-                        None => "not checked".into(),
+                        Some(true) => "true",
+                        Some(false) => "false (accepted; reported, not required)",
+                        None => "unknown (could not be told)",
                     },
                     if verdict.qualified() {
                         "QUALIFIED"

@@ -26,7 +26,22 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     run::register(m)?;
     m.add_function(wrap_pyfunction!(cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(error_codes, m)?)?;
+    // Remote-tier warnings go to the package's logger rather than raw stderr
+    // (with no logging configured, Python's last-resort handler still prints
+    // them on stderr).
+    tcg_core::engine::set_remote_warn_hook(Box::new(log_warning));
     Ok(())
+}
+
+/// `logging.getLogger("torch_compiled_graphs").warning(line)`; a failure to
+/// log is ignored (a warning never fails the caller).
+fn log_warning(line: &str) {
+    Python::attach(|py| {
+        let _ = py
+            .import("logging")
+            .and_then(|l| l.call_method1("getLogger", ("torch_compiled_graphs",)))
+            .and_then(|logger| logger.call_method1("warning", ("%s", line)));
+    });
 }
 
 /// Run the command line with `argv` (program name first); returns the exit code.

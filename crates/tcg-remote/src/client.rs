@@ -82,6 +82,22 @@ pub fn split_url(url: &str) -> (String, String) {
 }
 
 fn build_store(config: &RemoteConfig) -> Result<Arc<dyn ObjectStore>> {
+    build_store_with(config, false)
+}
+
+/// A store for `fleet doctor`'s wrong-checksum probe: every PUT body is
+/// altered after its checksum was computed, and sent unsigned (tamper.rs).
+/// `None` for stores other than S3 (the probe is S3's header).
+pub(crate) fn tampering_store(config: &RemoteConfig) -> Option<Arc<dyn ObjectStore>> {
+    let scheme = split_url(&config.url).0;
+    let s3 = matches!(scheme.split("://").next(), Some("s3" | "s3a"));
+    if !s3 {
+        return None;
+    }
+    build_store_with(config, true).ok()
+}
+
+fn build_store_with(config: &RemoteConfig, tamper: bool) -> Result<Arc<dyn ObjectStore>> {
     let (base, _prefix) = split_url(&config.url);
     let invalid = |e: &dyn std::error::Error| {
         Error::new(
@@ -121,6 +137,11 @@ fn build_store(config: &RemoteConfig) -> Result<Arc<dyn ObjectStore>> {
                 let key = k.parse::<AmazonS3ConfigKey>().map_err(|e| invalid(&e))?;
                 b = b.with_config(key, v);
             }
+            if tamper {
+                b = b
+                    .with_unsigned_payload(true)
+                    .with_http_connector(crate::tamper::TamperConnector);
+            }
             let s = b.with_url(base.as_str()).build().map_err(|e| invalid(&e))?;
             Ok(Arc::new(s))
         }
@@ -145,7 +166,7 @@ fn build_store(config: &RemoteConfig) -> Result<Arc<dyn ObjectStore>> {
             Ok(Arc::new(s))
         }
         _ => {
-            let _ = (options, retry);
+            let _ = (options, retry, tamper);
             Err(Error::new(
                 Code::RemoteConfigInvalid,
                 format!(

@@ -30,8 +30,8 @@ pub struct Verdict {
     pub race_winners: usize,
     /// The object left by the race is one racer's body, intact.
     pub race_body_intact: bool,
-    /// Whether a wrong upload checksum was refused (`None`: not checked;
-    /// reported, not required).
+    /// Whether an upload whose checksum does not match its bytes was refused
+    /// (`None`: could not be told; reported, not required).
     pub checksum_refused: Option<bool>,
 }
 
@@ -118,6 +118,42 @@ fn unavailable(what: &str, f: Fail) -> Error {
     )
 }
 
+/// Send an upload whose bytes do not match its `x-amz-checksum-sha256`
+/// (tamper.rs): `Some(true)` when the server refuses it for its checksum
+/// (a 400 naming the checksum or digest), `Some(false)` when it stores the
+/// altered bytes, `None` when that cannot be told (not S3, or another failure).
+fn checksum_probe(remote: &Remote, client: &crate::client::Client, base: &str) -> Option<bool> {
+    let store = {
+        let _guard = client.runtime.enter();
+        crate::client::tampering_store(remote.config())?
+    };
+    let path = remote.layout().folder(&format!("{base}/checksum"));
+    let body = b"fleet doctor checksum probe ".repeat(16);
+    let limit = remote.config().timeout * 4;
+    let put = client.run(limit, store.put(&path, PutPayload::from(body.clone())));
+    match put {
+        Ok(_) => {
+            // Accepted: read it back (through the honest client) to be sure
+            // the bytes the server kept are the altered ones.
+            let stored = client.run(limit, async {
+                let r = client.store.get(&path).await?;
+                r.bytes().await
+            });
+            let _ = client.delete(&path);
+            match stored {
+                Ok(b) if b.as_ref() != body.as_slice() && b.len() == body.len() => Some(false),
+                _ => None,
+            }
+        }
+        Err(Fail::Transport(m)) => {
+            let m = m.to_ascii_lowercase();
+            let about_checksum = m.contains("checksum") || m.contains("digest");
+            (about_checksum && m.contains("400")).then_some(true)
+        }
+        Err(_) => None,
+    }
+}
+
 /// Run every check against `remote`, cache the verdict and return it.
 pub fn run(remote: &Remote) -> Result<Verdict> {
     let client = remote.client()?;
@@ -178,12 +214,13 @@ pub fn run(remote: &Remote) -> Result<Verdict> {
     for p in [&one, &race] {
         let _ = client.delete(p);
     }
+    let checksum_refused = checksum_probe(remote, client, &base);
     let verdict = Verdict {
         second_create_refused,
         stale_update_refused,
         race_winners: winners.len(),
         race_body_intact,
-        checksum_refused: None,
+        checksum_refused,
     };
     write_cache(
         &remote.config().url,

@@ -203,9 +203,14 @@ async fn fetch_chunk(
 }
 
 /// The envelope as a stream: chunks fetched ahead in parallel, each checked
-/// against its digest and length before any of its bytes is handed out, and
-/// the whole file checked against the manifest's digest before its last
-/// bytes are handed out.
+/// against its digest and length before any of its bytes is handed out.
+///
+/// The whole-file digest is not hashed here: the verified chunks fix every
+/// byte, and the local chunked writer hashes the whole file anyway; the
+/// engine then requires the local manifest it made to be the remote manifest
+/// (same digest), which also binds the remote's file digest and size
+/// (`fetch_remote`), before anything is published. Hashing it here too was a
+/// third SHA-256 pass over every byte on the reading thread.
 pub struct ChunkStream {
     handle: Handle,
     store: Arc<dyn ObjectStore>,
@@ -215,15 +220,12 @@ pub struct ChunkStream {
     next: usize,
     pending: VecDeque<JoinHandle<Result<Bytes, StreamFailure>>>,
     current: Bytes,
-    whole: Option<Sha256>,
     failure: FailureSlot,
     failed: bool,
 }
 
 impl ChunkStream {
     fn new(client: &Client, layout: &Layout, manifest: Manifest, failure: FailureSlot) -> Self {
-        // One chunk's digest is the file's digest; more need a whole-file hash.
-        let whole = (manifest.chunks.len() > 1).then(Sha256::new);
         let mut s = ChunkStream {
             handle: client.runtime.handle().clone(),
             store: Arc::clone(&client.store),
@@ -233,7 +235,6 @@ impl ChunkStream {
             next: 0,
             pending: VecDeque::new(),
             current: Bytes::new(),
-            whole,
             failure,
             failed: false,
         };
@@ -291,19 +292,6 @@ impl Read for ChunkStream {
                 Err(f) => return Err(self.fail(f)),
             };
             self.fill();
-            if let Some(h) = self.whole.as_mut() {
-                h.update(&bytes);
-                if self.pending.is_empty() && self.next == self.manifest.chunks.len() {
-                    let d: [u8; 32] = self.whole.take().expect("present").finalize().into();
-                    if d != self.manifest.file_digest.0 {
-                        return Err(self.fail(StreamFailure::Bad(format!(
-                            "the chunks' bytes have SHA-256 {}, the manifest says {}",
-                            hex::encode(d),
-                            self.manifest.file_digest.to_hex()
-                        ))));
-                    }
-                }
-            }
             self.current = bytes;
         }
         let n = buf.len().min(self.current.len());

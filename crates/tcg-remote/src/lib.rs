@@ -17,6 +17,7 @@ pub mod layout;
 pub mod ops;
 pub mod publish;
 pub mod signatures;
+mod tamper;
 
 use std::sync::{Arc, OnceLock};
 
@@ -197,5 +198,10 @@ impl RemoteTier for Remote {
             }),
             Err(_) => false,
         }
+    }
+
+    fn has_ref(&self, key: &str) -> std::result::Result<Option<Digest>, RemoteError> {
+        let client = self.tier_client()?;
+        fetch::read_ref(client, &self.layout, key).map(|r| r.map(|rec| rec.manifest))
     }
 }

@@ -31,13 +31,26 @@ impl Drop for Moto {
 }
 
 fn moto_server() -> PathBuf {
+    // TCG_MOTO_SERVER names another moto_server (a machine whose moto lives
+    // outside the repository's .venv); then the .venv's; then PATH's.
+    if let Some(p) = std::env::var_os("TCG_MOTO_SERVER") {
+        return PathBuf::from(p);
+    }
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/moto_server");
-    assert!(
-        p.exists(),
-        "{} is missing: run `make deps` (the test extra installs moto[server]==5.2.5)",
-        p.display()
-    );
-    p
+    if p.exists() {
+        return p;
+    }
+    let on_path = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("moto_server"))
+            .find(|c| c.is_file())
+    });
+    on_path.unwrap_or_else(|| {
+        panic!(
+            "{} is missing: run `make deps` (the test extra installs moto[server]==5.2.5)",
+            p.display()
+        )
+    })
 }
 
 /// One moto per test binary, killed when the process exits (held in a static
@@ -434,6 +447,49 @@ fn corrupted_missing_and_hostile_records_are_misses() {
     assert!(b.resolve(KEY, &d.path().join("g4")).unwrap().is_some());
 }
 
+/// A manifest whose chunks are the real, intact chunks but which states
+/// another whole-file digest: every chunk verifies, yet the record is proven
+/// inconsistent (the local manifest made from the verified bytes differs).
+#[test]
+fn a_manifest_stating_another_file_digest_over_intact_chunks_is_reported() {
+    let d = tempfile::tempdir().unwrap();
+    let r = remote(&bucket());
+    published(d.path(), &r);
+    let c = r.client().unwrap();
+    let l = r.layout();
+    let (rb, _) = c.get_small(&l.graph_ref(KEY), 4096).unwrap();
+    let rec = RefRecord::parse(&rb).unwrap();
+    let (mb, _) = c.get_small(&l.manifest(&rec.manifest), 1 << 20).unwrap();
+    let mut man = Manifest::parse(&mb, &rec.manifest).unwrap();
+    man.file_digest = Digest::of(b"not the file");
+    let lie = man.to_bytes();
+    let lm = Digest::of(&lie);
+    c.put(
+        &l.manifest(&lm),
+        Bytes::from(lie),
+        object_store::PutMode::Overwrite,
+    )
+    .unwrap();
+    c.delete(&l.graph_ref(KEY)).unwrap();
+    let forged = RefRecord {
+        manifest: lm,
+        ..rec
+    };
+    c.create(&l.graph_ref(KEY), Bytes::from(forged.to_bytes()))
+        .unwrap();
+    let b = engine(&d.path().join("b"), &r);
+    assert!(b.resolve(KEY, &d.path().join("g")).unwrap().is_none());
+    assert!(!d.path().join("g").exists());
+    assert_eq!(stat(&b, "remote_hits"), 0);
+    assert_eq!(stat(&b, "remote_reports"), 1);
+    assert_eq!(reports(&r), 1);
+    assert!(b
+        .store()
+        .get_ref(&tcg_core::engine::graph_ref(KEY))
+        .unwrap()
+        .is_none());
+}
+
 #[test]
 fn a_local_hit_never_builds_the_client_and_an_unreachable_remote_is_a_miss() {
     let d = tempfile::tempdir().unwrap();
@@ -482,6 +538,9 @@ fn fleet_doctor_qualifies_moto_and_ls_fsck_gc_see_the_records() {
     let v = tcg_remote::doctor::run(&r).unwrap();
     assert!(v.qualified(), "{v:?}");
     assert_eq!(v.race_winners, 1);
+    // moto stores an upload whose bytes do not match its checksum (it does
+    // not validate checksums): reported as accepted, not a failed verdict.
+    assert_eq!(v.checksum_refused, Some(false), "{v:?}");
     assert_eq!(
         tcg_remote::doctor::cached_verdict(&r.config().url),
         Some(true)

@@ -171,11 +171,46 @@ impl Engine {
         }
     }
 
-    /// Explain `requested`: whether its key is stored here, and the nearest
+    /// Whether the remote tier has a ref for `key`, for `explain`: `null`
+    /// without a remote; `{"state": "present", "manifest": <64 hex>}`,
+    /// `{"state": "absent"}`, or `{"state": "unknown", "reason": …}` when the
+    /// remote cannot be asked (never an error: the remote is advisory here).
+    pub fn remote_presence(&self, key: &str) -> Value {
+        let Some(remote) = self.remote.as_ref() else {
+            return Value::Null;
+        };
+        let mut m = Map::new();
+        match remote.has_ref(key) {
+            Ok(Some(d)) => {
+                m.insert("state".into(), "present".into());
+                m.insert("manifest".into(), d.to_hex().into());
+            }
+            Ok(None) => {
+                m.insert("state".into(), "absent".into());
+            }
+            Err(e) => {
+                m.insert("state".into(), "unknown".into());
+                m.insert("reason".into(), e.to_string().into());
+            }
+        }
+        Value::Object(m)
+    }
+
+    /// Explain `requested`: whether its key is stored here (and, with a
+    /// remote tier, whether the remote has a ref for it), and the nearest
     /// stored entries of the same graph class name (at most `limit`), each
     /// with the axes and facts that differ. Nearest means fewest differing
     /// axes, then fewest differing facts, then key order.
     pub fn explain(&self, requested: &KeyFacts, limit: usize) -> Result<Value> {
+        self.explain_report(requested, limit, true)
+    }
+
+    fn explain_report(
+        &self,
+        requested: &KeyFacts,
+        limit: usize,
+        ask_remote: bool,
+    ) -> Result<Value> {
         check_key(&requested.key)?;
         let (present, quarantined) = self.presence(&requested.key)?;
         let (entries, scanned, truncated) = self.scan_class(requested.declaration.name())?;
@@ -198,8 +233,12 @@ impl Engine {
         m.insert("axes".into(), axes_value(requested));
         m.insert("present".into(), Value::Bool(present));
         m.insert("quarantined".into(), Value::Bool(quarantined));
-        // The fleet tier fills this; a local store has no remote to ask.
-        m.insert("remote".into(), Value::Null);
+        let remote = if ask_remote {
+            self.remote_presence(&requested.key)
+        } else {
+            Value::Null
+        };
+        m.insert("remote".into(), remote);
         m.insert(
             "neighbours".into(),
             Value::Array(neighbours.into_iter().map(|(_, _, v)| v).collect()),
@@ -210,10 +249,12 @@ impl Engine {
     }
 
     /// Explain a stored key against the other stored entries of its class.
-    /// `None` when the key is not stored (or its record is unreadable).
+    /// `None` when the key is not stored (or its record is unreadable). The
+    /// remote is not asked (`remote` is null): this runs after a mint, whose
+    /// `ensure` has just consulted and published to it.
     pub fn explain_stored(&self, key: &str, limit: usize) -> Result<Option<Value>> {
         match self.stored_facts(key)? {
-            Some(facts) => self.explain(&facts, limit).map(Some),
+            Some(facts) => self.explain_report(&facts, limit, false).map(Some),
             None => Ok(None),
         }
     }

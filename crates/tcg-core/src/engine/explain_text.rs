@@ -111,6 +111,23 @@ pub fn render_explanation(v: &Value) -> String {
         _ => "not stored here",
     };
     let _ = writeln!(out, "{key} ({}): {state}", text(get(v, "graph_class")));
+    let remote = get(v, "remote");
+    match text(get(remote, "state")).as_str() {
+        "present" => {
+            let _ = writeln!(
+                out,
+                "  on the remote: manifest {}",
+                text(get(remote, "manifest"))
+            );
+        }
+        "absent" => {
+            let _ = writeln!(out, "  not on the remote");
+        }
+        "unknown" => {
+            let _ = writeln!(out, "  remote: unknown ({})", text(get(remote, "reason")));
+        }
+        _ => {}
+    }
     let neighbours = items(get(v, "neighbours"));
     if neighbours.is_empty() {
         let _ = writeln!(out, "  no other stored entry of this graph class");

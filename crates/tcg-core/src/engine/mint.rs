@@ -74,8 +74,14 @@ fn plan_mismatches(md: &Metadata, plan: &MintOutput, key: &str) -> Vec<&'static 
 }
 
 impl Engine {
-    fn hit(&self, key: &str, destination: &Path, request: &Request) -> Result<Option<Resolved>> {
-        match self.resolve_with(key, destination, Some(request)) {
+    fn hit(
+        &self,
+        key: &str,
+        destination: &Path,
+        request: &Request,
+        remote: bool,
+    ) -> Result<Option<Resolved>> {
+        match self.resolve_tiered(key, destination, Some(request), remote) {
             Ok(found) => Ok(found),
             Err(e) if e.kind() == Kind::Quarantined => Ok(None),
             Err(e) => Err(e),
@@ -94,7 +100,11 @@ impl Engine {
         mint: &mut dyn FnMut() -> Result<MintOutput>,
     ) -> Result<EnsureResult> {
         check_key(key)?;
-        if let Some(resolved) = self.hit(key, destination, request)? {
+        // Local only: the remote is consulted once, under the local lock
+        // below, so that a failing or bad remote record costs one fetch (one
+        // warning, one piece of evidence) per `ensure`, and local processes
+        // racing on one key fetch it once.
+        if let Some(resolved) = self.hit(key, destination, request, false)? {
             return Ok(EnsureResult {
                 outcome: EnsureOutcome::Reused,
                 resolved,
@@ -106,7 +116,7 @@ impl Engine {
             .store
             .lock_named(key, self.lock_timeout)
             .map_err(store_err)?;
-        if let Some(resolved) = self.hit(key, destination, request)? {
+        if let Some(resolved) = self.hit(key, destination, request, true)? {
             return Ok(EnsureResult {
                 outcome: EnsureOutcome::Reused,
                 resolved,
@@ -126,7 +136,7 @@ impl Engine {
                     None => r.await_flight(key),
                 });
             if appeared {
-                if let Some(resolved) = self.hit(key, destination, request)? {
+                if let Some(resolved) = self.hit(key, destination, request, true)? {
                     return Ok(EnsureResult {
                         outcome: EnsureOutcome::Reused,
                         resolved,

@@ -41,8 +41,8 @@ pub use explain::{
 pub use explain_text::{render_class, render_explanation, render_pair};
 pub use mint::{MintOutput, MintedLiteral};
 pub use remote::{
-    warn as remote_warn, FailureSlot, Flight, RemoteEnvelope, RemoteError, RemotePublication,
-    RemoteTier, Source, StreamFailure,
+    set_warn_hook as set_remote_warn_hook, warn as remote_warn, FailureSlot, Flight,
+    RemoteEnvelope, RemoteError, RemotePublication, RemoteTier, Source, StreamFailure, WarnHook,
 };
 pub use remote_trust::{LocalRecords, Pulled, RemoteSignature, SignatureRecords, MAX_CANDIDATES};
 pub use signatures::{

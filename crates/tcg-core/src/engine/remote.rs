@@ -200,11 +200,38 @@ pub trait RemoteTier: Send + Sync + fmt::Debug {
         let _ = fingerprints;
         self.await_flight(key)
     }
+
+    /// The manifest the remote's ref of `key` names, after checking the
+    /// ref's key; `Ok(None)` when there is no ref. Nothing is fetched beyond
+    /// the ref (for `explain`). The default cannot tell.
+    fn has_ref(&self, key: &str) -> Result<Option<Digest>, RemoteError> {
+        let _ = key;
+        Err(RemoteError::Unavailable(
+            "this remote tier cannot look up refs".into(),
+        ))
+    }
 }
 
-/// One warning line on stderr: a remote problem never fails the caller.
+/// A receiver of remote-tier warnings (one line, without a prefix).
+pub type WarnHook = Box<dyn Fn(&str) + Send + Sync>;
+
+static WARN_HOOK: std::sync::OnceLock<WarnHook> = std::sync::OnceLock::new();
+
+/// Send remote-tier warnings to `hook` instead of stderr (the Python layer
+/// forwards them to its logger). Set once per process: `false` when a hook
+/// was set already (that one stays).
+pub fn set_warn_hook(hook: WarnHook) -> bool {
+    WARN_HOOK.set(hook).is_ok()
+}
+
+/// One warning: a remote problem never fails the caller. On stderr as
+/// `torch-compiled-graphs: warning: remote tier: …` unless a hook is set.
 pub fn warn(what: impl fmt::Display) {
-    eprintln!("torch-compiled-graphs: warning: remote tier: {what}");
+    let line = format!("remote tier: {what}");
+    match WARN_HOOK.get() {
+        Some(hook) => hook(&line),
+        None => eprintln!("torch-compiled-graphs: warning: {line}"),
+    }
 }
 
 impl Engine {
@@ -271,7 +298,8 @@ impl Engine {
         envelope: RemoteEnvelope,
         signatures: Option<&[tcg_trust::SignedStatement]>,
     ) -> Fetched {
-        let manifest = envelope.manifest.to_hex();
+        let envelope_manifest = envelope.manifest;
+        let manifest = envelope_manifest.to_hex();
         let failure = envelope.failure.clone();
         let lease = match self.store.lease() {
             Ok(l) => l,
@@ -283,7 +311,23 @@ impl Engine {
         let ingested = self.ingest_verified(&lease, envelope.reader, key, true);
         let recorded = failure.lock().map(|mut s| s.take()).unwrap_or(None);
         let (info, report, stage) = match (ingested, recorded) {
-            (Ok(got), _) => got,
+            (Ok((info, report, stage)), _) if info.manifest == envelope_manifest => {
+                (info, report, stage)
+            }
+            (Ok((info, _report, _stage)), _) => {
+                // Every chunk matched its digest, so the bytes are the ones the
+                // remote manifest lists; a different local manifest means the
+                // remote one states another file digest or size: proof.
+                let why = format!(
+                    "the verified chunks make manifest {} (file SHA-256 {}, {} bytes), \
+                     the ref names manifest {manifest}",
+                    info.manifest.to_hex(),
+                    info.file_digest.to_hex(),
+                    info.size
+                );
+                self.remote_bad(remote, key, &manifest, &why);
+                return Fetched::Miss;
+            }
             (Err(e), Some(StreamFailure::Transport(why))) => {
                 warn(format_args!("{key}: {why} ({})", e.message()));
                 self.count(Counter::RemoteError);

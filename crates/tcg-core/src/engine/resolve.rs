@@ -175,12 +175,24 @@ impl Engine {
         destination: &Path,
         request: Option<&Request>,
     ) -> Result<Option<Resolved>> {
+        self.resolve_tiered(key, destination, request, true)
+    }
+
+    /// [`Engine::resolve_with`]; the remote tier is consulted on a clean
+    /// local miss only when `remote` is set.
+    pub(crate) fn resolve_tiered(
+        &self,
+        key: &str,
+        destination: &Path,
+        request: Option<&Request>,
+        remote: bool,
+    ) -> Result<Option<Resolved>> {
         check_key(key)?;
         self.refuse_destination_in_store(destination)?;
         let mut result = self.resolve_inner(key, destination, request);
         // The remote tier is consulted only on a clean local miss: a hit never
         // touches the network.
-        if matches!(result, Ok(None)) && self.remote.is_some() && self.fetch_remote(key) {
+        if matches!(result, Ok(None)) && remote && self.remote.is_some() && self.fetch_remote(key) {
             result = self
                 .resolve_inner(key, destination, request)
                 .map(|found| found.map(|r| r.fetched()));
