@@ -430,7 +430,7 @@ def test_fleet_ls_fsck_gc_repair_and_prometheus_stats(fleet: str, moto: Moto, tm
 
 
 WORKER = r"""
-import json, sys
+import json, sys, time
 sys.path.insert(0, {root!r})
 import torch
 from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
@@ -444,6 +444,7 @@ toolchain = record_toolchain()
 key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
 sys.stdout.write("ready\n"); sys.stdout.flush()
 sys.stdin.readline()  # the start signal: every worker starts together
+start = time.perf_counter()
 compiled = []
 def recipe():
     compiled.append(1)
@@ -451,7 +452,10 @@ def recipe():
 r = Engine(sys.argv[1], remote=sys.argv[2]).ensure(key, sys.argv[3], target="cpu", toolchain=toolchain, recipe=recipe)
 outcome = getattr(r.outcome, "name", str(r.outcome))
 rp = r.remote_publication
-print(json.dumps({{"key": key, "outcome": outcome, "source": r.source, "compiled": len(compiled), "remote": rp}}))
+elapsed = time.perf_counter() - start
+out = {{"key": key, "outcome": outcome, "source": r.source, "compiled": len(compiled), "remote": rp}}
+out["elapsed_s"] = elapsed
+print(json.dumps(out))
 """
 
 
