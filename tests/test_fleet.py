@@ -346,11 +346,13 @@ def test_fleet_doctor_reports_a_server_that_refuses_a_wrong_checksum(tmp_path: P
     import subprocess
     import sys
 
-    uv = shutil.which("uv")
-    assert uv is not None, "uv is needed to install ministack==1.5.33 into the test's own venv"
+    # uv as the Makefile runs it (`python3 -m uv`, installed into the base
+    # interpreter), or from PATH.
+    found = shutil.which("uv")
+    uv = [found] if found else [os.path.join(sys.base_prefix, "bin", "python3"), "-m", "uv"]
     venv = tmp_path / "ministack-venv"
-    subprocess.run([uv, "venv", "-q", str(venv), "-p", sys.executable], check=True, timeout=300)
-    install = [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "ministack==1.5.33"]
+    subprocess.run([*uv, "venv", "-q", str(venv), "-p", sys.executable], check=True, timeout=300)
+    install = [*uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "ministack==1.5.33"]
     subprocess.run(install, check=True, timeout=600)
     port = free_port()
     server = subprocess.Popen(
