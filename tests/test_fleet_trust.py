@@ -201,7 +201,7 @@ def test_trusting_workers_ignore_an_untrusted_first_writer_and_compile_once(flee
     base["TORCH_COMPILED_GRAPHS_REMOTE_WAIT_S"] = "600"
     # An untrusted writer (no signing key, no policy) compiles and publishes first.
     [untrusted] = finish([start(script, tmp_path / "u", fleet, tmp_path / "gu", base)])
-    assert (untrusted["source"], untrusted["remote_outcome"], untrusted["signers"]) == ("compiled", "STORED", 0)
+    assert (untrusted["source"], untrusted["remote_outcome"], untrusted["signers"]) == ("compiled", "stored", 0)
     # Three trusting workers start together: they sign with the key their policy lists.
     trusting = {
         **base,
@@ -214,7 +214,7 @@ def test_trusting_workers_ignore_an_untrusted_first_writer_and_compile_once(flee
     assert sorted(r["source"] for r in results) == ["compiled", "remote", "remote"], results
     leader = next(r for r in results if r["source"] == "compiled")
     # It lost the ref to the untrusted writer, and its record makes it reachable.
-    assert leader["remote_outcome"] == "DIVERGENT" and leader["manifest"] != untrusted["manifest"], results
+    assert leader["remote_outcome"] == "divergent" and leader["manifest"] != untrusted["manifest"], results
     assert {r["manifest"] for r in results} == {leader["manifest"]}
     assert all(r["signers"] == 1 and r["refused"] >= 1 for r in results), results
     # A worker without a policy keeps following the ref.
