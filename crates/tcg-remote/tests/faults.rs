@@ -10,111 +10,20 @@
 
 #[path = "../../tcg-core/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use common::{counting_mint, reference, KEY};
+use support::{bucket, free_port, moto_port, request, stat};
 use tcg_cj::Value;
-use tcg_core::engine::{Engine, EnsureOutcome, Request, Source};
+use tcg_core::engine::{Engine, EnsureOutcome, Source};
 use tcg_remote::{Remote, RemoteConfig};
-
-/// The moto_server to run: `TCG_MOTO_SERVER`, the repository's .venv, PATH.
-fn moto_server() -> PathBuf {
-    if let Some(p) = std::env::var_os("TCG_MOTO_SERVER") {
-        return PathBuf::from(p);
-    }
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/moto_server");
-    if p.exists() {
-        return p;
-    }
-    std::env::var_os("PATH")
-        .and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|d| d.join("moto_server"))
-                .find(|c| c.is_file())
-        })
-        .unwrap_or_else(|| panic!("moto_server is missing: run `make deps`"))
-}
-
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One moto for this test binary; a watchdog kills it when we exit.
-fn moto_port() -> u16 {
-    static M: OnceLock<Mutex<Moto>> = OnceLock::new();
-    M.get_or_init(|| {
-        let port = free_port();
-        let child = Command::new(moto_server())
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start moto_server");
-        let (me, pid) = (std::process::id(), child.id());
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "for i in $(seq 1 7200); do kill -0 {me} 2>/dev/null || break; sleep 0.5; done; kill {pid} 2>/dev/null"
-            ))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not listen");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        std::env::set_var("AWS_ALLOW_HTTP", "true");
-        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
-        std::env::set_var("AWS_REGION", "us-east-1");
-        let cache = std::env::temp_dir().join(format!("tcg-ensure-faults-{}", std::process::id()));
-        std::env::set_var("XDG_CACHE_HOME", &cache);
-        Mutex::new(Moto { child, port })
-    })
-    .lock()
-    .unwrap()
-    .port
-}
-
-/// A fresh bucket, as `s3://bucket/prefix`.
-fn bucket() -> String {
-    let port = moto_port();
-    let name = format!("b-{}", &tcg_remote::layout::random_hex32()[..12]);
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    format!("s3://{name}/fleet")
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -298,18 +207,6 @@ fn remote(url: &str, endpoint: Option<u16>) -> Arc<Remote> {
     c.options
         .push(("aws_endpoint".into(), format!("http://127.0.0.1:{port}")));
     Arc::new(Remote::new(c).unwrap())
-}
-
-fn stat(e: &Engine, name: &str) -> i64 {
-    match &e.stats().unwrap().as_object().unwrap()[name] {
-        tcg_cj::Value::Int(n) => *n,
-        v => panic!("{name} is {v:?}"),
-    }
-}
-
-fn request() -> Request {
-    let md = tcg_core::artifact::read_metadata(&reference()).unwrap();
-    Request::new("cpu", &md.value()["toolchain"]).unwrap()
 }
 
 fn reports(r: &Remote) -> usize {

@@ -4,119 +4,24 @@
 
 #[path = "../../tcg-core/tests/common/mod.rs"]
 mod common;
+mod support;
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::{counting_mint, other_key_envelope, reference, reference_mint, KEY};
+use support::{moto_as_default_endpoint, request, stat};
 use tcg_cas::{Digest, Manifest};
-use tcg_core::engine::{Engine, EnsureOutcome, Flight, RemoteTier, Request, Source, StoreOutcome};
+use tcg_core::engine::{Engine, EnsureOutcome, Flight, RemoteTier, Source, StoreOutcome};
 use tcg_remote::publish::create_ref;
 use tcg_remote::{Fail, RefRecord, Remote, RemoteConfig};
 
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn moto_server() -> PathBuf {
-    // TCG_MOTO_SERVER names another moto_server (a machine whose moto lives
-    // outside the repository's .venv); then the .venv's; then PATH's.
-    if let Some(p) = std::env::var_os("TCG_MOTO_SERVER") {
-        return PathBuf::from(p);
-    }
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/moto_server");
-    if p.exists() {
-        return p;
-    }
-    let on_path = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join("moto_server"))
-            .find(|c| c.is_file())
-    });
-    on_path.unwrap_or_else(|| {
-        panic!(
-            "{} is missing: run `make deps` (the test extra installs moto[server]==5.2.5)",
-            p.display()
-        )
-    })
-}
-
-/// One moto per test binary, killed when the process exits (held in a static
-/// whose Drop does not run: the child is killed by `kill_on_exit` below).
-fn moto() -> &'static Mutex<Moto> {
-    static M: OnceLock<Mutex<Moto>> = OnceLock::new();
-    M.get_or_init(|| {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(moto_server())
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start moto_server");
-        kill_on_exit(child.id());
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not listen");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        std::env::set_var("AWS_ENDPOINT", format!("http://127.0.0.1:{port}"));
-        std::env::set_var("AWS_ALLOW_HTTP", "true");
-        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
-        std::env::set_var("AWS_REGION", "us-east-1");
-        // The doctor's verdict cache, private to this test process (set once:
-        // the environment is shared by the tests' threads).
-        let cache = std::env::temp_dir().join(format!("tcg-remote-tests-{}", std::process::id()));
-        std::env::set_var("XDG_CACHE_HOME", &cache);
-        Mutex::new(Moto { child, port })
-    })
-}
-
-/// Kill moto when the test process exits: a watchdog child that waits for
-/// our pid to vanish (bounded to an hour).
-fn kill_on_exit(pid: u32) {
-    let me = std::process::id();
-    let _ = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "for i in $(seq 1 7200); do kill -0 {me} 2>/dev/null || break; sleep 0.5; done; kill {pid} 2>/dev/null"
-        ))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-}
-
-/// A fresh bucket on the shared moto, as `s3://bucket/prefix`.
+/// A fresh bucket that a remote configured by URL alone reaches.
 fn bucket() -> String {
-    let port = moto().lock().unwrap().port;
-    let name = format!("b-{}", tcg_remote::layout::random_hex32()[..12].to_owned());
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    use std::io::{Read, Write};
-    write!(
-        s,
-        "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    format!("s3://{name}/fleet")
+    moto_as_default_endpoint();
+    support::bucket()
 }
 
 fn remote(url: &str) -> Arc<Remote> {
@@ -129,18 +34,6 @@ fn remote(url: &str) -> Arc<Remote> {
 
 fn engine(dir: &Path, r: &Arc<Remote>) -> Engine {
     Engine::open(dir).unwrap().with_remote(r.clone())
-}
-
-fn request() -> Request {
-    let md = tcg_core::artifact::read_metadata(&reference()).unwrap();
-    Request::new("cpu", &md.value()["toolchain"]).unwrap()
-}
-
-fn stat(e: &Engine, name: &str) -> i64 {
-    match &e.stats().unwrap().as_object().unwrap()[name] {
-        tcg_cj::Value::Int(n) => *n,
-        v => panic!("{name} is {v:?}"),
-    }
 }
 
 /// A store holding the reference artifact, pushed to the remote.
@@ -493,7 +386,7 @@ fn a_manifest_stating_another_file_digest_over_intact_chunks_is_reported() {
 #[test]
 fn a_local_hit_never_builds_the_client_and_an_unreachable_remote_is_a_miss() {
     let d = tempfile::tempdir().unwrap();
-    let _ = moto();
+    moto_as_default_endpoint();
     // Nothing listens there.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -6,89 +6,28 @@
 
 #[path = "../../tcg-core/tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::cell::Cell;
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::{counting_mint, divergent_envelope, reference, KEY};
+use support::{moto_as_default_endpoint, request, stat};
 use tcg_cas::Digest;
-use tcg_core::engine::{
-    Engine, EnsureOutcome, RemoteTier, Request, Source, StoreOutcome, TrustSettings,
-};
+use tcg_core::engine::{Engine, EnsureOutcome, RemoteTier, Source, StoreOutcome, TrustSettings};
 use tcg_core::Code;
 use tcg_remote::signatures::{put_record, MAX_RECORDS_PER_SIGNER, MAX_RECORD_BYTES};
 use tcg_remote::{Remote, RemoteConfig};
 use tcg_trust::{Signer, Subject};
 
-struct Moto {
-    _child: Child,
-    port: u16,
-}
-
-fn moto() -> &'static Mutex<Moto> {
-    static M: OnceLock<Mutex<Moto>> = OnceLock::new();
-    M.get_or_init(|| {
-        let server = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/moto_server");
-        assert!(server.exists(), "{} is missing: run `make deps`", server.display());
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(server)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start moto_server");
-        // Killed when this test process exits (a watchdog waits for our pid).
-        let (me, pid) = (std::process::id(), child.id());
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "for i in $(seq 1 7200); do kill -0 {me} 2>/dev/null || break; sleep 0.5; done; kill {pid} 2>/dev/null"
-            ))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not listen");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        std::env::set_var("AWS_ENDPOINT", format!("http://127.0.0.1:{port}"));
-        std::env::set_var("AWS_ALLOW_HTTP", "true");
-        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
-        std::env::set_var("AWS_REGION", "us-east-1");
-        let cache = std::env::temp_dir().join(format!("tcg-trust-tests-{}", std::process::id()));
-        std::env::set_var("XDG_CACHE_HOME", &cache);
-        Mutex::new(Moto {
-            _child: child,
-            port,
-        })
-    })
-}
-
+/// A fresh bucket that a remote configured by URL alone reaches.
 fn bucket() -> String {
-    let port = moto().lock().unwrap().port;
-    let name = format!("t-{}", &tcg_remote::layout::random_hex32()[..12]);
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    use std::io::{Read, Write};
-    write!(
-        s,
-        "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    format!("s3://{name}/fleet")
+    moto_as_default_endpoint();
+    support::bucket()
 }
 
 fn remote(url: &str) -> Arc<Remote> {
@@ -190,18 +129,6 @@ impl Fleet {
             )
             .unwrap();
         (r, calls.get())
-    }
-}
-
-fn request() -> Request {
-    let md = tcg_core::artifact::read_metadata(&reference()).unwrap();
-    Request::new("cpu", &md.value()["toolchain"]).unwrap()
-}
-
-fn stat(e: &Engine, name: &str) -> i64 {
-    match &e.stats().unwrap().as_object().unwrap()[name] {
-        tcg_cj::Value::Int(n) => *n,
-        v => panic!("{name} is {v:?}"),
     }
 }
 
