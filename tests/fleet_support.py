@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -309,3 +309,15 @@ def cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.Com
         env={**os.environ, **env},
         timeout=timeout,
     )
+
+
+def point_at(moto: Moto, monkeypatch: Any, tmp_path: Path, timeout_s: str) -> str:
+    """A fresh bucket on ``moto`` as ``s3://bucket/fleet``: the AWS_* variables point at
+    it, the doctor's verdict cache is private to the test, the remote timeout is
+    ``timeout_s`` and no remote comes from the environment."""
+    for k, v in moto.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCH_COMPILED_GRAPHS_REMOTE_TIMEOUT_S", timeout_s)
+    monkeypatch.delenv("TORCH_COMPILED_GRAPHS_REMOTE", raising=False)
+    return f"s3://{moto.create_bucket()}/fleet"

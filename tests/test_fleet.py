@@ -15,7 +15,18 @@ from typing import Any
 import pytest
 
 from tests.conftest import REFERENCE, REFERENCE_KEY
-from tests.fleet_support import CREDENTIALS, Fault, FaultProxy, Moto, broken_s3, cli, free_port, moto_server, wait_port
+from tests.fleet_support import (
+    CREDENTIALS,
+    Fault,
+    FaultProxy,
+    Moto,
+    broken_s3,
+    cli,
+    free_port,
+    moto_server,
+    point_at,
+    wait_port,
+)
 
 OTHER_KEY = REFERENCE_KEY[:-1] + ("0" if REFERENCE_KEY[-1] != "0" else "1")
 
@@ -29,12 +40,7 @@ def moto() -> Iterator[Moto]:
 @pytest.fixture
 def fleet(moto: Moto, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     """A fresh bucket; the AWS_* variables point at moto; the doctor's cache is private."""
-    for k, v in moto.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("TORCH_COMPILED_GRAPHS_REMOTE_TIMEOUT_S", "2")
-    monkeypatch.delenv("TORCH_COMPILED_GRAPHS_REMOTE", raising=False)
-    return f"s3://{moto.create_bucket()}/fleet"
+    return point_at(moto, monkeypatch, tmp_path, "2")
 
 
 def engine(root: Path, remote: str | None) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REFERENCE, REFERENCE_KEY
-from tests.fleet_support import Moto, cli, moto_server
+from tests.fleet_support import Moto, cli, moto_server, point_at
 from tests.test_trust import keygen
 
 TRUST_ENV = (
@@ -39,14 +39,10 @@ def moto() -> Iterator[Moto]:
 
 @pytest.fixture
 def fleet(moto: Moto, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
-    for k, v in moto.env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("TORCH_COMPILED_GRAPHS_REMOTE_TIMEOUT_S", "5")
-    monkeypatch.delenv("TORCH_COMPILED_GRAPHS_REMOTE", raising=False)
+    url = point_at(moto, monkeypatch, tmp_path, "5")
     for name in TRUST_ENV:
         monkeypatch.delenv(name, raising=False)
-    return f"s3://{moto.create_bucket()}/fleet"
+    return url
 
 
 def s3_names(moto: Moto, url: str, folder: str) -> list[str]:

@@ -18,7 +18,6 @@ use tcg_trust::{SignedStatement, Subject, VerifiedSignature};
 use super::admin::Counter;
 use super::remote::{warn, RemoteError, RemoteTier};
 use super::{check_key, graph_ref, store_err, Engine, Source};
-use crate::artifact::{read_metadata_member, validate_metadata};
 use crate::{Code, Error, Result};
 
 /// Most signed candidates one miss fetches (each is a full download and
@@ -260,28 +259,6 @@ impl Engine {
                 Fetched::Miss
             }
         }
-    }
-
-    /// The manifest and subject of the record serving `key` locally.
-    pub(crate) fn stored_subject(&self, key: &str) -> Result<Option<(Digest, Subject)>> {
-        let Some(target) = self.store.get_ref(&graph_ref(key)).map_err(store_err)? else {
-            return Ok(None);
-        };
-        let lease = self.store.lease().map_err(store_err)?;
-        let manifest = self
-            .store
-            .load_manifest(&lease, &target.digest)
-            .map_err(store_err)?;
-        let reader = self
-            .store
-            .open_file(&lease, &target.digest, true)
-            .map_err(store_err)?;
-        let md = validate_metadata(&read_metadata_member(reader)?, None)?;
-        lease.end().map_err(store_err)?;
-        Ok(Some((
-            target.digest,
-            super::subject_of(&md, &manifest.file_digest),
-        )))
     }
 
     /// The local signature records of the artifact serving `key`, as the

@@ -293,11 +293,10 @@ impl Engine {
         Ok(Value::Object(out))
     }
 
-    /// The signatures of the envelope that serves `key` now, as summaries.
-    pub fn signers(&self, key: &str) -> Result<Vec<Value>> {
-        check_key(key)?;
+    /// The manifest and subject of the record serving `key` locally.
+    pub(crate) fn stored_subject(&self, key: &str) -> Result<Option<(Digest, Subject)>> {
         let Some(target) = self.store.get_ref(&graph_ref(key)).map_err(store_err)? else {
-            return Ok(Vec::new());
+            return Ok(None);
         };
         let lease = self.store.lease().map_err(store_err)?;
         let manifest = self
@@ -310,7 +309,18 @@ impl Engine {
             .map_err(store_err)?;
         let md = validate_metadata(&read_metadata_member(reader)?, None)?;
         lease.end().map_err(store_err)?;
-        let subject = subject_of(&md, &manifest.file_digest);
+        Ok(Some((
+            target.digest,
+            subject_of(&md, &manifest.file_digest),
+        )))
+    }
+
+    /// The signatures of the envelope that serves `key` now, as summaries.
+    pub fn signers(&self, key: &str) -> Result<Vec<Value>> {
+        check_key(key)?;
+        let Some((_, subject)) = self.stored_subject(key)? else {
+            return Ok(Vec::new());
+        };
         Ok(self
             .signatures(&subject)?
             .iter()
