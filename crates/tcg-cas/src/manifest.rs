@@ -187,13 +187,28 @@ impl Store {
             lease,
             buf: Vec::new(),
             filled: 0,
-            hasher: Hasher::default(),
             chunk_len: 0,
-            chunks: Vec::new(),
+            sealed: 0,
+            known: None,
             size: 0,
             pipe: None,
             failed: false,
         }
+    }
+
+    /// A [`ChunkedWriter`] for bytes the caller has already checked, chunk by
+    /// chunk, against `chunks` (a manifest's list): the writer does not hash
+    /// the chunks again (it still hashes the whole file). The bytes must cut
+    /// into exactly these chunks at this store's chunk length; a chunk of
+    /// another length, or another number of chunks, fails the writer.
+    pub fn chunked_writer_known<'l>(
+        &self,
+        lease: &'l Lease,
+        chunks: &[Chunk],
+    ) -> ChunkedWriter<'l> {
+        let mut w = self.chunked_writer(lease);
+        w.known = Some(chunks.into());
+        w
     }
 
     /// Store the file at `path` as chunks and a manifest (one read pass).
@@ -237,12 +252,8 @@ impl Store {
 enum ToSink {
     /// Bytes of the current chunk.
     Data(Vec<u8>),
-    /// The current chunk is complete; `whole_from` starts the whole-file hash
-    /// (chunk 1's hasher state) after the first chunk.
-    Seal {
-        digest: Digest,
-        whole_from: Option<Hasher>,
-    },
+    /// The current chunk, of `len` bytes, is complete.
+    Seal { len: u64 },
     /// Reply once everything before has been written (and sealed chunks installed).
     Barrier(mpsc::SyncSender<()>),
 }
@@ -252,29 +263,49 @@ enum ToWhole {
     Start(Hasher),
 }
 
-/// Helper threads: the sink writes temps and installs chunks (fsync, link)
-/// while the caller's thread reads and hashes chunks; the whole-file hash of
-/// chunks 2..n runs on a third thread. Buffers circulate caller -> sink ->
-/// whole -> caller, so memory stays bounded (about 16 MiB).
+/// Helper threads: the sink hashes each chunk, writes its temp and installs
+/// it (fsync, link) while the caller's thread only fills buffers; the
+/// whole-file hash runs on a third thread (from chunk 2 on, continuing chunk
+/// 1's state, so a one-chunk file is hashed once). Buffers circulate caller
+/// -> sink -> whole -> caller, so memory stays bounded (about 16 MiB).
 struct Pipeline {
     tx: Option<mpsc::SyncSender<ToSink>>,
     back: mpsc::Receiver<Vec<u8>>,
-    sink: Option<JoinHandle<Result<()>>>,
+    sink: Option<JoinHandle<Result<Vec<Chunk>>>>,
     whole: Option<JoinHandle<Option<Digest>>>,
 }
 
+/// The bytes handed to a writer of known chunks do not cut into those chunks.
+fn layout_mismatch(store: &Store, why: String) -> StoreError {
+    StoreError::Io {
+        op: "check chunk layout",
+        path: store.dir("tmp"),
+        source: io::Error::other(why),
+    }
+}
+
 impl Pipeline {
-    fn start(store: &Store, lease: &Lease) -> Pipeline {
+    fn start(store: &Store, lease: &Lease, known: Option<Arc<[Chunk]>>) -> Pipeline {
         let (tx, rx) = mpsc::sync_channel::<ToSink>(8);
         let (wtx, wrx) = mpsc::sync_channel::<ToWhole>(2);
         let (btx, back) = mpsc::sync_channel::<Vec<u8>>(4);
         let store = store.clone();
         let core = Arc::clone(lease.core());
-        let sink = std::thread::spawn(move || -> Result<()> {
+        let sink = std::thread::spawn(move || -> Result<Vec<Chunk>> {
             let mut temp: Option<(TempFile, u64)> = None;
+            let mut hasher = Hasher::default();
+            let mut chunks: Vec<Chunk> = Vec::new();
+            // Known chunks are not hashed again: the whole-file hash then
+            // starts at byte 0 (a one-chunk file's digest is its chunk's).
+            if known.as_ref().is_some_and(|k| k.len() > 1) {
+                let _ = wtx.send(ToWhole::Start(Hasher::default()));
+            }
             for msg in rx {
                 match msg {
                     ToSink::Data(v) => {
+                        if known.is_none() {
+                            hasher.update(&v);
+                        }
                         if temp.is_none() {
                             temp = Some((core.create_temp()?, 0));
                         }
@@ -289,19 +320,43 @@ impl Pipeline {
                         }
                         let _ = wtx.send(ToWhole::Data(v));
                     }
-                    ToSink::Seal { digest, whole_from } => {
-                        if let Some(h) = whole_from {
-                            let _ = wtx.send(ToWhole::Start(h));
-                        }
-                        let (t, len) = temp.take().expect("a sealed chunk has bytes");
+                    ToSink::Seal { len } => {
+                        let digest = match &known {
+                            None => {
+                                let h = std::mem::take(&mut hasher);
+                                if chunks.is_empty() {
+                                    let _ = wtx.send(ToWhole::Start(h.clone()));
+                                }
+                                h.finish()
+                            }
+                            Some(k) => match k.get(chunks.len()) {
+                                Some(c) if c.len == len => c.digest,
+                                other => {
+                                    return Err(layout_mismatch(
+                                        &store,
+                                        format!(
+                                            "chunk {} is {len} bytes, the known chunk is {}",
+                                            chunks.len(),
+                                            other.map_or("absent".into(), |c| format!(
+                                                "{} bytes",
+                                                c.len
+                                            ))
+                                        ),
+                                    ))
+                                }
+                            },
+                        };
+                        let (t, written) = temp.take().expect("a sealed chunk has bytes");
+                        debug_assert_eq!(written, len);
                         store.install_temp(&core, t, &digest, len)?;
+                        chunks.push(Chunk { digest, len });
                     }
                     ToSink::Barrier(reply) => {
                         let _ = reply.send(());
                     }
                 }
             }
-            Ok(())
+            Ok(chunks)
         });
         let whole = std::thread::spawn(move || {
             let mut h: Option<Hasher> = None;
@@ -326,13 +381,14 @@ impl Pipeline {
         }
     }
 
-    /// Stop the threads; the sink's error if it failed.
-    fn stop(&mut self) -> (Result<()>, Option<Digest>) {
+    /// Stop the threads: the chunks installed (or the sink's error), and the
+    /// whole-file digest when it was hashed.
+    fn stop(&mut self) -> (Result<Vec<Chunk>>, Option<Digest>) {
         self.tx.take();
         let sink = match self.sink.take().map(JoinHandle::join) {
             Some(Ok(r)) => r,
             Some(Err(_)) => panic!("store sink thread panicked"),
-            None => Ok(()),
+            None => Ok(Vec::new()),
         };
         let whole = match self.whole.take().map(JoinHandle::join) {
             Some(Ok(d)) => d,
@@ -357,10 +413,13 @@ pub struct ChunkedWriter<'l> {
     /// Always `IO_BUF` long once in use (never re-zeroed); `filled` bytes are data.
     buf: Vec<u8>,
     filled: usize,
-    hasher: Hasher,
     /// Bytes of the current chunk already handed to the sink.
     chunk_len: u64,
-    chunks: Vec<Chunk>,
+    /// Chunks sealed so far.
+    sealed: usize,
+    /// The chunks the bytes are known to be (already checked against their
+    /// digests by the caller): not hashed again.
+    known: Option<Arc<[Chunk]>>,
     size: u64,
     pipe: Option<Pipeline>,
     failed: bool,
@@ -370,7 +429,7 @@ impl std::fmt::Debug for ChunkedWriter<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChunkedWriter")
             .field("size", &self.size)
-            .field("chunks", &self.chunks.len())
+            .field("chunks", &self.sealed)
             .finish()
     }
 }
@@ -402,7 +461,7 @@ impl ChunkedWriter<'_> {
         self.failed = true;
         match pipe.stop().0 {
             Err(e) => Err(e),
-            Ok(()) => Err(self.poisoned()),
+            Ok(_) => Err(self.poisoned()),
         }
     }
 
@@ -419,9 +478,8 @@ impl ChunkedWriter<'_> {
             return Ok(());
         }
         if self.pipe.is_none() {
-            self.pipe = Some(Pipeline::start(&self.store, self.lease));
+            self.pipe = Some(Pipeline::start(&self.store, self.lease, self.known.clone()));
         }
-        self.hasher.update(&self.buf[..self.filled]);
         self.chunk_len += self.filled as u64;
         let spare = self
             .pipe
@@ -446,17 +504,9 @@ impl ChunkedWriter<'_> {
         if self.chunk_len == 0 {
             return Ok(());
         }
-        let hasher = std::mem::take(&mut self.hasher);
-        // The whole-file hash of chunks 2..n continues from chunk 1's state,
-        // so a one-chunk file is hashed exactly once.
-        let whole_from = self.chunks.is_empty().then(|| hasher.clone());
-        let digest = hasher.finish();
-        self.chunks.push(Chunk {
-            digest,
-            len: self.chunk_len,
-        });
-        self.chunk_len = 0;
-        self.send(ToSink::Seal { digest, whole_from })
+        let len = std::mem::take(&mut self.chunk_len);
+        self.sealed += 1;
+        self.send(ToSink::Seal { len })
     }
 
     fn guard(&self) -> Result<()> {
@@ -541,23 +591,30 @@ impl ChunkedWriter<'_> {
         self.guard()?;
         self.flush_buf()?;
         self.seal_chunk()?;
-        let whole = match self.pipe.as_mut() {
+        let (chunks, whole) = match self.pipe.as_mut() {
             Some(p) => {
                 let (sink, whole) = p.stop();
-                sink?;
-                whole
+                (sink?, whole)
             }
-            None => None,
+            None => (Vec::new(), None),
         };
-        let file_digest = match self.chunks.len() {
+        if let Some(known) = &self.known {
+            if known.len() != chunks.len() {
+                return Err(layout_mismatch(
+                    &self.store,
+                    format!("{} chunks written, {} known", chunks.len(), known.len()),
+                ));
+            }
+        }
+        let file_digest = match chunks.len() {
             0 => Digest::of(b""),
-            1 => self.chunks[0].digest,
-            _ => whole.expect("the whole-file hash runs after the first chunk"),
+            1 => chunks[0].digest,
+            _ => whole.expect("the whole-file hash runs for more than one chunk"),
         };
         let manifest = Manifest {
             file_digest,
             size: self.size,
-            chunks: std::mem::take(&mut self.chunks),
+            chunks,
         };
         let digest = self.store.put_bytes(self.lease, &manifest.to_bytes())?;
         Ok(ManifestInfo {

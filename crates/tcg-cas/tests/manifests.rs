@@ -41,6 +41,43 @@ fn manifest_bytes_are_canonical_json_of_the_pinned_shape() {
 }
 
 #[test]
+fn a_writer_of_known_chunks_stores_what_hashing_would_and_refuses_another_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_store(&dir.path().join("s"));
+    let lease = store.lease().unwrap();
+    for len in [0, 1, SMALL_CHUNK as usize, 3 * SMALL_CHUNK as usize + 17] {
+        let data = bytes(11, len);
+        let hashed = store.ingest_reader(&lease, &data[..]).unwrap();
+        let chunks = store.load_manifest(&lease, &hashed.manifest).unwrap().chunks;
+        let mut w = store.chunked_writer_known(&lease, &chunks);
+        for piece in data.chunks(4099) {
+            w.write_all(piece).unwrap();
+        }
+        // The same manifest, file digest included (hashed from byte 0 here).
+        assert_eq!(w.finish().unwrap(), hashed, "{len} bytes");
+    }
+    let data = bytes(12, 2 * SMALL_CHUNK as usize + 5);
+    let hashed = store.ingest_reader(&lease, &data[..]).unwrap();
+    let chunks = store.load_manifest(&lease, &hashed.manifest).unwrap().chunks;
+    // A stream that ends early, runs on, or cuts elsewhere fails the writer:
+    // it cannot name a chunk it did not hash.
+    for wrong in [
+        data[..data.len() - 1].to_vec(),
+        [&data[..], b"x"].concat(),
+        data[..SMALL_CHUNK as usize].to_vec(),
+    ] {
+        let mut w = store.chunked_writer_known(&lease, &chunks);
+        let written = w.write_all(&wrong);
+        assert!(written.is_err() || w.finish().is_err(), "{} bytes", wrong.len());
+    }
+    let mut halves = chunks.clone();
+    halves[0].len = SMALL_CHUNK / 2;
+    let mut w = store.chunked_writer_known(&lease, &halves);
+    let written = w.write_all(&data);
+    assert!(written.is_err() || w.finish().is_err());
+}
+
+#[test]
 fn chunked_writer_cuts_fixed_chunks_from_offset_zero_whatever_the_write_sizes() {
     let dir = tempfile::tempdir().unwrap();
     let store = small_store(&dir.path().join("s"));

@@ -132,10 +132,12 @@ pub fn open_manifest(
         }
     }
     let failure: FailureSlot = Arc::new(Mutex::new(None));
+    let chunks = manifest.chunks.clone();
     let reader = ChunkStream::new(client, layout, manifest, Arc::clone(&failure));
     Ok(Some(RemoteEnvelope {
         manifest: *m,
         reader: Box::new(reader),
+        chunks,
         failure,
     }))
 }
@@ -206,11 +208,11 @@ async fn fetch_chunk(
 /// against its digest and length before any of its bytes is handed out.
 ///
 /// The whole-file digest is not hashed here: the verified chunks fix every
-/// byte, and the local chunked writer hashes the whole file anyway; the
+/// byte, and the local chunked writer hashes the whole file anyway (it takes
+/// the chunk digests checked here instead of hashing the chunks again); the
 /// engine then requires the local manifest it made to be the remote manifest
 /// (same digest), which also binds the remote's file digest and size
-/// (`fetch_remote`), before anything is published. Hashing it here too was a
-/// third SHA-256 pass over every byte on the reading thread.
+/// (`fetch_remote`), before anything is published.
 pub struct ChunkStream {
     handle: Handle,
     store: Arc<dyn ObjectStore>,

@@ -372,6 +372,35 @@ fn write_member(file: &mut File, stage: &Path, name: &str, bytes: &[u8]) -> Resu
     })
 }
 
+/// Receives every member's bytes as they are staged, in stream order:
+/// `begin`, then `bytes` any number of times, then `end`, member by member.
+/// The engine streams the members into its store this way while they are
+/// verified, instead of reading the staged files back afterwards. What a sink
+/// receives is unverified until [`read_envelope_into`] returns `Ok`.
+pub trait MemberSink {
+    /// A member starts.
+    fn begin(&mut self, member: &'static str) -> Result<()>;
+    /// The next bytes of the current member.
+    fn bytes(&mut self, data: &[u8]) -> Result<()>;
+    /// The current member is complete.
+    fn end(&mut self) -> Result<()>;
+}
+
+/// A sink that keeps nothing.
+struct NoSink;
+
+impl MemberSink for NoSink {
+    fn begin(&mut self, _: &'static str) -> Result<()> {
+        Ok(())
+    }
+    fn bytes(&mut self, _: &[u8]) -> Result<()> {
+        Ok(())
+    }
+    fn end(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// The full reader (§6.6 steps 2–8) over `input`, staging the members as
 /// files in the existing directory `stage`. `admission` runs as soon as the
 /// metadata is validated, before any byte of `model.pt2` is read. Members are
@@ -381,6 +410,16 @@ pub fn read_envelope<R: Read>(
     stage: &Path,
     admission: &mut dyn FnMut(&Metadata) -> Result<()>,
 ) -> Result<EnvelopeReport> {
+    read_envelope_into(input, stage, admission, &mut NoSink)
+}
+
+/// [`read_envelope`], handing every staged member's bytes to `sink` as well.
+pub fn read_envelope_into<R: Read>(
+    input: R,
+    stage: &Path,
+    admission: &mut dyn FnMut(&Metadata) -> Result<()>,
+    sink: &mut dyn MemberSink,
+) -> Result<EnvelopeReport> {
     let mut t = TarStream::new(input)?;
     let bytes = metadata_bytes(&mut t)?;
     let size = bytes.len() as u64;
@@ -389,13 +428,19 @@ pub fn read_envelope<R: Read>(
     write_member(&mut f, stage, METADATA_MEMBER, &bytes)?;
     drop(f);
     admission(&metadata)?;
+    sink.begin(METADATA_MEMBER)?;
+    sink.bytes(&bytes)?;
+    sink.end()?;
     // model.pt2
     let package_bytes = t.header(PACKAGE_MEMBER, true)?.expect("required");
     check_sizes(&[(METADATA_MEMBER, size), (PACKAGE_MEMBER, package_bytes)])?;
     let mut f = create_member(stage, PACKAGE_MEMBER)?;
+    sink.begin(PACKAGE_MEMBER)?;
     t.data(PACKAGE_MEMBER, package_bytes, &mut |b| {
-        write_member(&mut f, stage, PACKAGE_MEMBER, b)
+        write_member(&mut f, stage, PACKAGE_MEMBER, b)?;
+        sink.bytes(b)
     })?;
+    sink.end()?;
     drop(f);
     // constants.safetensors, or the first end block
     let literals_bytes = match t.header(LITERALS_MEMBER, false)? {
@@ -407,9 +452,12 @@ pub fn read_envelope<R: Read>(
                 (LITERALS_MEMBER, n),
             ])?;
             let mut f = create_member(stage, LITERALS_MEMBER)?;
+            sink.begin(LITERALS_MEMBER)?;
             t.data(LITERALS_MEMBER, n, &mut |b| {
-                write_member(&mut f, stage, LITERALS_MEMBER, b)
+                write_member(&mut f, stage, LITERALS_MEMBER, b)?;
+                sink.bytes(b)
             })?;
+            sink.end()?;
             drop(f);
             let end = t.block("the end blocks")?;
             if end.iter().any(|&b| b != 0) {

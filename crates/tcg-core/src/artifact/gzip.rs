@@ -4,7 +4,36 @@
 
 use std::io::{Read, Write};
 
-use flate2::{Compress, Compression, Crc, Decompress, FlushCompress, FlushDecompress, Status};
+use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
+
+/// The gzip CRC-32 and length of the uncompressed stream (RFC 1952 trailer),
+/// on `crc32fast`, which picks the carry-less-multiply kernel at run time
+/// (flate2's own `Crc` on the zlib-rs backend ran the portable kernel here,
+/// several times slower over a large artifact).
+#[derive(Default)]
+struct Crc {
+    hasher: crc32fast::Hasher,
+    amount: u32,
+}
+
+impl Crc {
+    fn new() -> Self {
+        Crc::default()
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        self.hasher.update(data);
+        self.amount = self.amount.wrapping_add(data.len() as u32);
+    }
+
+    fn sum(&self) -> u32 {
+        self.hasher.clone().finalize()
+    }
+
+    fn amount(&self) -> u32 {
+        self.amount
+    }
+}
 
 use super::limits::{inflation_cap, MAX_INFLATION_RATIO, MAX_TAR_BYTES};
 use crate::error::{Code, Error, Result};

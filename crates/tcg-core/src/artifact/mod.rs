@@ -19,7 +19,8 @@ use std::path::Path;
 use tcg_cj::{Map, Value};
 
 pub use envelope::{
-    read_envelope, read_metadata_member, write_envelope, EnvelopeReport, MemberSource, Tee,
+    read_envelope, read_envelope_into, read_metadata_member, write_envelope, EnvelopeReport,
+    MemberSink, MemberSource, Tee,
 };
 pub use limits::*;
 pub use metadata::{

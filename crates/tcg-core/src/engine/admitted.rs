@@ -147,8 +147,8 @@ fn copy_member(
 
 impl Engine {
     /// Record the verified members in `stage` as the admitted copy of (key, m).
-    /// `stage` must be private to the store (a [`super::StoreStage`] in its
-    /// `tmp/`): what is stored is read from there. The payload ref is written
+    /// The stage is private to the store (its `tmp/`): a member that was not
+    /// streamed into the store while it was verified is read from there. The payload ref is written
     /// before the metadata ref, and the binding record last: a reader that
     /// finds the record finds the whole copy.
     pub(crate) fn record_admitted(
@@ -156,15 +156,20 @@ impl Engine {
         lease: &Lease,
         key: &str,
         m: &Digest,
-        stage: &Path,
+        stage: &super::StoreStage,
     ) -> Result<()> {
         let mut members = Vec::new();
         for member in [LITERALS_MEMBER, PACKAGE_MEMBER, METADATA_MEMBER] {
-            let path = stage.join(member);
+            let path = stage.path().join(member);
             if !path.exists() {
                 continue;
             }
-            let info = self.store.ingest_file(lease, &path).map_err(store_err)?;
+            // Streamed into the store as it was staged (pinned by the lease),
+            // or stored from the staged file now.
+            let info = match stage.stored(member) {
+                Some(info) => *info,
+                None => self.store.ingest_file(lease, &path).map_err(store_err)?,
+            };
             let t = Target::manifest(info.manifest);
             set_ref(self, &admitted_ref(key, m, member), t)?;
             members.push((member, t));

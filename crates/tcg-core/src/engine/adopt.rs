@@ -219,7 +219,7 @@ impl Engine {
         let file = parse_manifest(&bytes, manifest)?;
         let lease = self.store.lease().map_err(store_err)?;
         let mut stream = EnvelopeStream::new(objects, &file);
-        let ingested = self.ingest_verified(&lease, &mut stream, key, true);
+        let ingested = self.ingest_verified(&lease, &mut stream, key, true, None);
         // Proof that the old store's bytes are not what its manifest names
         // explains whatever the envelope reader made of them, so a refusal
         // reads the rest (bounded by the manifest's size) to find it.
@@ -244,7 +244,7 @@ impl Engine {
             self.admit_fetched(&[], &subject)?;
         }
         let result = self.decide(&lease, key, m)?;
-        self.after_publication(&lease, key, &m, &result, stage.path());
+        self.after_publication(&lease, key, &m, &result, &stage);
         lease.end().map_err(store_err)?;
         Ok((result.outcome, result.manifest))
     }

@@ -248,7 +248,7 @@ impl Engine {
         )?;
         let file = File::open(&envelope)
             .map_err(|e| Error::io(format_args!("cannot open {}", envelope.display()), &e))?;
-        let (info, report, stage) = self.ingest_verified(&lease, file, key, true)?;
+        let (info, report, stage) = self.ingest_verified(&lease, file, key, true, None)?;
         let m = info.manifest;
         let result = self.decide(&lease, key, m)?;
         if result.outcome != StoreOutcome::Divergent {
@@ -264,7 +264,7 @@ impl Engine {
                 self.count(super::Counter::SigningFailure);
             }
         }
-        self.after_publication(&lease, key, &m, &result, stage.path());
+        self.after_publication(&lease, key, &m, &result, &stage);
         drop(stage);
         drop(work);
         lease.end().map_err(store_err)?;

@@ -336,6 +336,10 @@ mod tests;
 /// Removed on drop.
 pub(crate) struct StoreStage {
     path: PathBuf,
+    /// The members as streamed into the store while they were staged and
+    /// verified (`read_envelope_into`), each with the file it is stored as;
+    /// empty when the stage was filled another way.
+    stored: Vec<(&'static str, tcg_cas::ManifestInfo)>,
 }
 
 impl StoreStage {
@@ -354,16 +358,79 @@ impl StoreStage {
             .map_err(io)?;
         // Private whatever the umask: what is verified here is stored.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
-        Ok(StoreStage { path })
+        Ok(StoreStage {
+            path,
+            stored: Vec::new(),
+        })
     }
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The stored file of `member`, when it was streamed into the store.
+    pub(crate) fn stored(&self, member: &str) -> Option<&tcg_cas::ManifestInfo> {
+        self.stored
+            .iter()
+            .find(|(name, _)| *name == member)
+            .map(|(_, info)| info)
     }
 }
 
 impl Drop for StoreStage {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A [`crate::artifact::MemberSink`] that streams each member into the store
+/// (chunks hashed, written and installed on the writer's helper threads) as
+/// it is staged, so that recording the admitted copy afterwards does not read
+/// the staged files back. The chunks stay pinned by the lease; they become
+/// garbage if verification fails.
+pub(crate) struct StoreMembers<'l> {
+    store: tcg_cas::Store,
+    lease: &'l tcg_cas::Lease,
+    current: Option<(&'static str, tcg_cas::ChunkedWriter<'l>)>,
+    done: Vec<(&'static str, tcg_cas::ManifestInfo)>,
+}
+
+impl<'l> StoreMembers<'l> {
+    pub(crate) fn new(engine: &Engine, lease: &'l tcg_cas::Lease) -> Self {
+        StoreMembers {
+            store: engine.store.clone(),
+            lease,
+            current: None,
+            done: Vec::new(),
+        }
+    }
+
+    /// Hand the stored members to `stage` (only once all were complete).
+    pub(crate) fn into_stage(self, stage: &mut StoreStage) {
+        if self.current.is_none() {
+            stage.stored = self.done;
+        }
+    }
+}
+
+impl crate::artifact::MemberSink for StoreMembers<'_> {
+    fn begin(&mut self, member: &'static str) -> Result<()> {
+        self.current = Some((member, self.store.chunked_writer(self.lease)));
+        Ok(())
+    }
+
+    fn bytes(&mut self, data: &[u8]) -> Result<()> {
+        use std::io::Write;
+        let (member, w) = self.current.as_mut().expect("begin comes first");
+        let member: &'static str = member;
+        w.write_all(data)
+            .map_err(|e| store_err(tcg_cas::StoreError::from_io(e, "store member", member)))
+    }
+
+    fn end(&mut self) -> Result<()> {
+        let (member, w) = self.current.take().expect("begin comes first");
+        let info = w.finish().map_err(store_err)?;
+        self.done.push((member, info));
+        Ok(())
     }
 }

@@ -8,10 +8,12 @@ use std::path::Path;
 use tcg_cas::{CasOutcome, ChunkedWriter, Digest, Lease, Target};
 
 use super::resolve::{classify_read, host_facts, Evidence, Verdict};
-use super::{check_key, graph_ref, store_err, Engine, StoreOutcome, StoreResult, StoreStage};
+use super::{
+    check_key, graph_ref, store_err, Engine, StoreMembers, StoreOutcome, StoreResult, StoreStage,
+};
 use crate::artifact::envelope::Tee;
 use crate::artifact::metadata::format_of;
-use crate::artifact::{read_envelope, read_metadata_member, EnvelopeReport, Metadata};
+use crate::artifact::{read_envelope_into, read_metadata_member, EnvelopeReport, Metadata};
 use crate::{Code, Error, Result};
 
 /// Why an incumbent record may be replaced.
@@ -37,18 +39,25 @@ fn replaceable(engine: &Engine, lease: &Lease, key: &str, current: &Digest) -> R
 
 impl Engine {
     /// Stream `input` (an envelope) into the store while verifying it fully,
-    /// staging members beside the store's temp area. Returns the manifest and
-    /// the report; `admission` runs on the metadata before any ref is written.
+    /// staging members in the store's temp area and streaming them into the
+    /// store as they go. Returns the manifest and the report; `admission` runs
+    /// on the metadata before any ref is written. `known`: the chunks `input`
+    /// has already checked its bytes against (a remote fetch).
     pub(crate) fn ingest_verified(
         &self,
         lease: &Lease,
         input: impl Read,
         key: &str,
         admit_host: bool,
+        known: Option<&[tcg_cas::Chunk]>,
     ) -> Result<(tcg_cas::ManifestInfo, EnvelopeReport, StoreStage)> {
-        let mut writer: ChunkedWriter<'_> = self.store.chunked_writer(lease);
+        let mut writer: ChunkedWriter<'_> = match known {
+            Some(chunks) => self.store.chunked_writer_known(lease, chunks),
+            None => self.store.chunked_writer(lease),
+        };
         let mut sink_error: Option<Error> = None;
-        let stage = StoreStage::new(self, lease)?;
+        let mut stage = StoreStage::new(self, lease)?;
+        let mut members = StoreMembers::new(self, lease);
         let host = if admit_host {
             Some(host_facts()?)
         } else {
@@ -79,11 +88,12 @@ impl Engine {
                 }
             })
         });
-        let report = read_envelope(tee, stage.path(), &mut admission);
+        let report = read_envelope_into(tee, stage.path(), &mut admission, &mut members);
         if let Some(e) = sink_error {
             return Err(e);
         }
         let report = report?;
+        members.into_stage(&mut stage);
         let info = writer.finish().map_err(store_err)?;
         Ok((info, report, stage))
     }
@@ -193,7 +203,7 @@ impl Engine {
             .len();
         crate::artifact::envelope::check_compressed_size(size)?;
         let lease = self.store.lease().map_err(store_err)?;
-        let (info, report, stage) = self.ingest_verified(&lease, file, key, true)?;
+        let (info, report, stage) = self.ingest_verified(&lease, file, key, true, None)?;
         let m = info.manifest;
         let subject = super::subject_of(&report.metadata, &info.file_digest);
         let signatures = self.import_signatures(path, &subject)?;
@@ -201,7 +211,7 @@ impl Engine {
         for (entry, v) in &signatures {
             self.store_signature(&lease, entry, v)?;
         }
-        self.after_publication(&lease, key, &m, &result, stage.path());
+        self.after_publication(&lease, key, &m, &result, &stage);
         lease.end().map_err(store_err)?;
         Ok(result)
     }
@@ -216,7 +226,7 @@ impl Engine {
         key: &str,
         m: &Digest,
         result: &StoreResult,
-        stage: &Path,
+        stage: &StoreStage,
     ) {
         if result.outcome != StoreOutcome::Divergent {
             let _ = self.record_admitted(lease, key, m, stage);

@@ -60,6 +60,10 @@ pub struct RemoteEnvelope {
     pub manifest: Digest,
     /// The envelope's bytes.
     pub reader: Box<dyn Read + Send>,
+    /// The chunks `reader` checks every byte against (digest and length)
+    /// before handing it out: the remote manifest's list. The local store
+    /// does not hash them again.
+    pub chunks: Vec<tcg_cas::Chunk>,
     /// Filled by `reader` when it fails.
     pub failure: FailureSlot,
 }
@@ -308,7 +312,17 @@ impl Engine {
                 return Fetched::Miss;
             }
         };
-        let ingested = self.ingest_verified(&lease, envelope.reader, key, true);
+        // The stream hands out only bytes already checked against the remote
+        // manifest's chunks; when those cut as this store cuts (every chunk
+        // but the last full), the local writer takes their digests as they
+        // are. Otherwise it hashes, and the manifest comparison below decides.
+        let step = self.store.chunk_bytes();
+        let canonical = envelope
+            .chunks
+            .split_last()
+            .is_some_and(|(last, rest)| rest.iter().all(|c| c.len == step) && last.len <= step);
+        let known = canonical.then_some(envelope.chunks.as_slice());
+        let ingested = self.ingest_verified(&lease, envelope.reader, key, true, known);
         let recorded = failure.lock().map(|mut s| s.take()).unwrap_or(None);
         let (info, report, stage) = match (ingested, recorded) {
             (Ok((info, report, stage)), _) if info.manifest == envelope_manifest => {
@@ -374,7 +388,7 @@ impl Engine {
             for (entry, v) in &keep {
                 self.store_signature(&lease, entry, v)?;
             }
-            self.after_publication(&lease, key, &m, &r, stage.path());
+            self.after_publication(&lease, key, &m, &r, &stage);
             Ok(())
         });
         drop(stage);

@@ -11,7 +11,7 @@ use tcg_cas::{store_error_of, Lease, StoreError, Target};
 use super::destination::{prepare_directory_destination, publish_stage};
 use super::{check_key, graph_ref, store_err, Counter, Engine, Request, Resolved, StoreStage};
 use crate::artifact::publish::Temp;
-use crate::artifact::{read_envelope, Metadata};
+use crate::artifact::{read_envelope_into, Metadata};
 use crate::host_isa::HostFacts;
 use crate::{Code, Error, Kind, Result};
 
@@ -259,9 +259,16 @@ impl Engine {
         // Verify inside the store's private tmp/: what is verified there is
         // what becomes the admitted copy, and no other user can change it in
         // between (nor make a good record look bad).
-        let work = StoreStage::new(self, &lease)?;
+        let mut work = StoreStage::new(self, &lease)?;
         let evidence = Evidence::default();
-        let report = match read_envelope(evidence.reader(reader), work.path(), &mut admission) {
+        let mut members = super::StoreMembers::new(self, &lease);
+        let read = read_envelope_into(
+            evidence.reader(reader),
+            work.path(),
+            &mut admission,
+            &mut members,
+        );
+        let report = match read {
             Ok(r) => r,
             Err(err) => {
                 drop(work);
@@ -276,7 +283,8 @@ impl Engine {
         };
         // Verified: keep the members as the admitted copy for the next resolve.
         // Best effort; the envelope remains the source of truth.
-        let _ = self.record_admitted(&lease, key, &manifest, work.path());
+        members.into_stage(&mut work);
+        let _ = self.record_admitted(&lease, key, &manifest, &work);
         let stage = Temp::stage_dir(destination)?;
         copy_tree(work.path(), stage.path())?;
         drop(work);
