@@ -48,7 +48,10 @@ fn a_writer_of_known_chunks_stores_what_hashing_would_and_refuses_another_layout
     for len in [0, 1, SMALL_CHUNK as usize, 3 * SMALL_CHUNK as usize + 17] {
         let data = bytes(11, len);
         let hashed = store.ingest_reader(&lease, &data[..]).unwrap();
-        let chunks = store.load_manifest(&lease, &hashed.manifest).unwrap().chunks;
+        let chunks = store
+            .load_manifest(&lease, &hashed.manifest)
+            .unwrap()
+            .chunks;
         let mut w = store.chunked_writer_known(&lease, &chunks);
         for piece in data.chunks(4099) {
             w.write_all(piece).unwrap();
@@ -58,7 +61,10 @@ fn a_writer_of_known_chunks_stores_what_hashing_would_and_refuses_another_layout
     }
     let data = bytes(12, 2 * SMALL_CHUNK as usize + 5);
     let hashed = store.ingest_reader(&lease, &data[..]).unwrap();
-    let chunks = store.load_manifest(&lease, &hashed.manifest).unwrap().chunks;
+    let chunks = store
+        .load_manifest(&lease, &hashed.manifest)
+        .unwrap()
+        .chunks;
     // A stream that ends early, runs on, or cuts elsewhere fails the writer:
     // it cannot name a chunk it did not hash.
     for wrong in [
@@ -68,7 +74,11 @@ fn a_writer_of_known_chunks_stores_what_hashing_would_and_refuses_another_layout
     ] {
         let mut w = store.chunked_writer_known(&lease, &chunks);
         let written = w.write_all(&wrong);
-        assert!(written.is_err() || w.finish().is_err(), "{} bytes", wrong.len());
+        assert!(
+            written.is_err() || w.finish().is_err(),
+            "{} bytes",
+            wrong.len()
+        );
     }
     let mut halves = chunks.clone();
     halves[0].len = SMALL_CHUNK / 2;

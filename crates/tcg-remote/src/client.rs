@@ -178,6 +178,9 @@ fn build_store_with(config: &RemoteConfig, tamper: bool) -> Result<Arc<dyn Objec
     }
 }
 
+/// Concurrent HEAD requests of one [`Client::head_all`].
+const HEADS_IN_FLIGHT: usize = 8;
+
 impl Client {
     /// Build the client and its runtime (two worker threads).
     pub fn build(config: &RemoteConfig) -> Result<Client> {
@@ -237,6 +240,30 @@ impl Client {
             let bytes = r.bytes().await?;
             Ok((bytes, meta))
         })
+    }
+
+    /// HEAD of every path, up to `HEADS_IN_FLIGHT` at a time, results in
+    /// the order of `paths`; each answer within the client's timeout.
+    pub fn head_all(&self, paths: Vec<Path>) -> Vec<std::result::Result<ObjectMeta, Fail>> {
+        use futures_util::StreamExt;
+        let limit = self.config.timeout;
+        let heads = paths.into_iter().map(|path| {
+            let store = Arc::clone(&self.store);
+            async move {
+                match tokio::time::timeout(limit, store.head(&path)).await {
+                    Ok(r) => r.map_err(classify),
+                    Err(_) => Err(Fail::Transport(format!(
+                        "no answer within {:.1} s",
+                        limit.as_secs_f64()
+                    ))),
+                }
+            }
+        });
+        self.runtime.block_on(
+            futures_util::stream::iter(heads)
+                .buffered(HEADS_IN_FLIGHT)
+                .collect(),
+        )
     }
 
     /// HEAD.

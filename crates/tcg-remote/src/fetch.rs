@@ -113,8 +113,13 @@ pub fn open_manifest(
         return Ok(None);
     };
     // A missing chunk is a miss, found before any byte is streamed.
-    for c in &manifest.chunks {
-        match client.head(&layout.chunk(&c.digest)) {
+    let paths = manifest
+        .chunks
+        .iter()
+        .map(|c| layout.chunk(&c.digest))
+        .collect();
+    for (c, head) in manifest.chunks.iter().zip(client.head_all(paths)) {
+        match head {
             Ok(meta) if meta.size == c.len => {}
             Ok(meta) => {
                 return Err(RemoteError::Bad {
@@ -142,19 +147,46 @@ pub fn open_manifest(
     }))
 }
 
+/// What one chunk's GET came to, before the digest check.
+enum Got {
+    Body(Bytes, [u8; 32]),
+    Stored(u64),
+    Short(u64),
+}
+
 async fn fetch_chunk(
     store: Arc<dyn ObjectStore>,
     path: Path,
     chunk: Chunk,
     limit: std::time::Duration,
 ) -> Result<Bytes, StreamFailure> {
+    use futures_util::StreamExt;
     let got = tokio::time::timeout(limit, async {
         let r = store.get(&path).await?;
-        let stored = r.meta.size;
-        r.bytes().await.map(|b| (stored, b))
+        if r.meta.size != chunk.len {
+            return Ok(Got::Stored(r.meta.size));
+        }
+        // Hashed as the body arrives (frames of kilobytes), so the check is
+        // done about when the last byte is: no second pass over the chunk.
+        let mut body = bytes::BytesMut::with_capacity(chunk.len as usize);
+        let mut hasher = Sha256::new();
+        let mut frames = r.into_stream();
+        while let Some(frame) = frames.next().await {
+            let frame = frame?;
+            if (body.len() + frame.len()) as u64 > chunk.len {
+                // More than the stated length: cut off, reported as short below.
+                return Ok(Got::Short(body.len() as u64 + frame.len() as u64));
+            }
+            hasher.update(&frame);
+            body.extend_from_slice(&frame);
+        }
+        if body.len() as u64 != chunk.len {
+            return Ok(Got::Short(body.len() as u64));
+        }
+        Ok::<_, object_store::Error>(Got::Body(body.freeze(), hasher.finalize().into()))
     })
     .await;
-    let (stored, bytes) = match got {
+    let (bytes, actual) = match got {
         Err(_) => {
             return Err(StreamFailure::Transport(format!(
                 "chunk {} took longer than {:.1} s",
@@ -168,32 +200,25 @@ async fn fetch_chunk(
                 chunk.digest.to_hex()
             )))
         }
-        Ok(Ok(b)) => b,
+        Ok(Ok(Got::Stored(stored))) => {
+            // The server states another length for a content-addressed name.
+            return Err(StreamFailure::Bad(format!(
+                "chunk {} is stored with {stored} bytes, the manifest says {}",
+                chunk.digest.to_hex(),
+                chunk.len
+            )));
+        }
+        Ok(Ok(Got::Short(n))) => {
+            // A body of another length with a 200 is a transport fault
+            // (truncation), not proof.
+            return Err(StreamFailure::Transport(format!(
+                "chunk {} arrived with {n} bytes, expected {}",
+                chunk.digest.to_hex(),
+                chunk.len
+            )));
+        }
+        Ok(Ok(Got::Body(b, d))) => (b, d),
     };
-    if stored != chunk.len {
-        // The server states another length for a content-addressed name.
-        return Err(StreamFailure::Bad(format!(
-            "chunk {} is stored with {stored} bytes, the manifest says {}",
-            chunk.digest.to_hex(),
-            chunk.len
-        )));
-    }
-    if bytes.len() as u64 != chunk.len {
-        // A short body with a 200 is a transport fault (truncation), not proof.
-        return Err(StreamFailure::Transport(format!(
-            "chunk {} arrived with {} bytes, expected {}",
-            chunk.digest.to_hex(),
-            bytes.len(),
-            chunk.len
-        )));
-    }
-    // Hash off the runtime's workers: 64 MiB is tens of milliseconds.
-    let (actual, bytes) = tokio::task::spawn_blocking(move || {
-        let d: [u8; 32] = Sha256::digest(&bytes).into();
-        (d, bytes)
-    })
-    .await
-    .map_err(|e| StreamFailure::Transport(e.to_string()))?;
     if actual != chunk.digest.0 {
         return Err(StreamFailure::Bad(format!(
             "chunk {} has SHA-256 {}",
