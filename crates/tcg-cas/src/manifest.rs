@@ -258,20 +258,32 @@ enum ToSink {
     Barrier(mpsc::SyncSender<()>),
 }
 
+/// Work for the chunk-hash thread, in stream order.
+enum ToHash {
+    Data(Arc<Vec<u8>>),
+    /// The current chunk, of `len` bytes, is complete: reply with its digest.
+    Seal {
+        len: u64,
+    },
+}
+
 enum ToWhole {
-    Data(Vec<u8>),
+    Data(Arc<Vec<u8>>),
     Start(Hasher),
 }
 
-/// Helper threads: the sink hashes each chunk, writes its temp and installs
-/// it (fsync, link) while the caller's thread only fills buffers; the
-/// whole-file hash runs on a third thread (from chunk 2 on, continuing chunk
-/// 1's state, so a one-chunk file is hashed once). Buffers circulate caller
-/// -> sink -> whole -> caller, so memory stays bounded (about 16 MiB).
+/// Helper threads, so that the caller's thread only fills buffers: the sink
+/// writes each chunk's temp and installs it (fsync, link); beside it, a hash
+/// thread hashes each chunk (or, for known chunks, checks the cut and names
+/// the known digest), and a third thread hashes the whole file (from chunk 2
+/// on, continuing chunk 1's state, so a one-chunk file is hashed once). A
+/// buffer is shared by the three and goes back to the caller when the last
+/// lets go, so memory stays bounded (about 24 MiB).
 struct Pipeline {
     tx: Option<mpsc::SyncSender<ToSink>>,
     back: mpsc::Receiver<Vec<u8>>,
     sink: Option<JoinHandle<Result<Vec<Chunk>>>>,
+    hash: Option<JoinHandle<()>>,
     whole: Option<JoinHandle<Option<Digest>>>,
 }
 
@@ -284,28 +296,82 @@ fn layout_mismatch(store: &Store, why: String) -> StoreError {
     }
 }
 
+/// Give a buffer back to the caller if this was its last holder.
+fn recycle(buf: Arc<Vec<u8>>, back: &mpsc::SyncSender<Vec<u8>>) {
+    if let Some(v) = Arc::into_inner(buf) {
+        let _ = back.try_send(v);
+    }
+}
+
+/// The chunk-hash thread: digests in `Seal` order on `digests`.
+fn hash_chunks(
+    rx: mpsc::Receiver<ToHash>,
+    whole: mpsc::SyncSender<ToWhole>,
+    digests: mpsc::Sender<std::result::Result<Digest, String>>,
+    known: Option<Arc<[Chunk]>>,
+) {
+    let mut hasher = Hasher::default();
+    let mut sealed = 0usize;
+    // Known chunks are not hashed again: the whole-file hash then starts at
+    // byte 0 (a one-chunk file's digest is its chunk's).
+    if known.as_ref().is_some_and(|k| k.len() > 1) {
+        let _ = whole.send(ToWhole::Start(Hasher::default()));
+    }
+    for msg in rx {
+        match msg {
+            ToHash::Data(v) => {
+                if known.is_none() {
+                    hasher.update(&v);
+                }
+                let _ = whole.send(ToWhole::Data(v));
+            }
+            ToHash::Seal { len } => {
+                let digest = match &known {
+                    None => {
+                        let h = std::mem::take(&mut hasher);
+                        if sealed == 0 {
+                            let _ = whole.send(ToWhole::Start(h.clone()));
+                        }
+                        Ok(h.finish())
+                    }
+                    Some(k) => match k.get(sealed) {
+                        Some(c) if c.len == len => Ok(c.digest),
+                        Some(c) => Err(format!(
+                            "chunk {sealed} is {len} bytes, the known chunk is {} bytes",
+                            c.len
+                        )),
+                        None => Err(format!(
+                            "chunk {sealed} is past the {} known chunks",
+                            k.len()
+                        )),
+                    },
+                };
+                sealed += 1;
+                let _ = digests.send(digest);
+            }
+        }
+    }
+}
+
 impl Pipeline {
     fn start(store: &Store, lease: &Lease, known: Option<Arc<[Chunk]>>) -> Pipeline {
         let (tx, rx) = mpsc::sync_channel::<ToSink>(8);
+        let (htx, hrx) = mpsc::sync_channel::<ToHash>(8);
         let (wtx, wrx) = mpsc::sync_channel::<ToWhole>(2);
-        let (btx, back) = mpsc::sync_channel::<Vec<u8>>(4);
+        let (dtx, drx) = mpsc::channel::<std::result::Result<Digest, String>>();
+        let (btx, back) = mpsc::sync_channel::<Vec<u8>>(8);
         let store = store.clone();
         let core = Arc::clone(lease.core());
+        let sink_back = btx.clone();
         let sink = std::thread::spawn(move || -> Result<Vec<Chunk>> {
             let mut temp: Option<(TempFile, u64)> = None;
-            let mut hasher = Hasher::default();
             let mut chunks: Vec<Chunk> = Vec::new();
-            // Known chunks are not hashed again: the whole-file hash then
-            // starts at byte 0 (a one-chunk file's digest is its chunk's).
-            if known.as_ref().is_some_and(|k| k.len() > 1) {
-                let _ = wtx.send(ToWhole::Start(Hasher::default()));
-            }
             for msg in rx {
                 match msg {
                     ToSink::Data(v) => {
-                        if known.is_none() {
-                            hasher.update(&v);
-                        }
+                        // Hashed on the hash thread while it is written here.
+                        let v = Arc::new(v);
+                        let _ = htx.send(ToHash::Data(Arc::clone(&v)));
                         if temp.is_none() {
                             temp = Some((core.create_temp()?, 0));
                         }
@@ -318,33 +384,14 @@ impl Pipeline {
                             let end = *len / WRITEBACK_KICK * WRITEBACK_KICK;
                             fsutil::start_writeback(t.file(), end - WRITEBACK_KICK, WRITEBACK_KICK);
                         }
-                        let _ = wtx.send(ToWhole::Data(v));
+                        recycle(v, &sink_back);
                     }
                     ToSink::Seal { len } => {
-                        let digest = match &known {
-                            None => {
-                                let h = std::mem::take(&mut hasher);
-                                if chunks.is_empty() {
-                                    let _ = wtx.send(ToWhole::Start(h.clone()));
-                                }
-                                h.finish()
-                            }
-                            Some(k) => match k.get(chunks.len()) {
-                                Some(c) if c.len == len => c.digest,
-                                other => {
-                                    return Err(layout_mismatch(
-                                        &store,
-                                        format!(
-                                            "chunk {} is {len} bytes, the known chunk is {}",
-                                            chunks.len(),
-                                            other.map_or("absent".into(), |c| format!(
-                                                "{} bytes",
-                                                c.len
-                                            ))
-                                        ),
-                                    ))
-                                }
-                            },
+                        let _ = htx.send(ToHash::Seal { len });
+                        let digest = match drx.recv() {
+                            Ok(Ok(d)) => d,
+                            Ok(Err(why)) => return Err(layout_mismatch(&store, why)),
+                            Err(_) => panic!("store hash thread ended early"),
                         };
                         let (t, written) = temp.take().expect("a sealed chunk has bytes");
                         debug_assert_eq!(written, len);
@@ -358,6 +405,7 @@ impl Pipeline {
             }
             Ok(chunks)
         });
+        let hash = std::thread::spawn(move || hash_chunks(hrx, wtx, dtx, known));
         let whole = std::thread::spawn(move || {
             let mut h: Option<Hasher> = None;
             for msg in wrx {
@@ -366,7 +414,7 @@ impl Pipeline {
                         if let Some(h) = h.as_mut() {
                             h.update(&v);
                         }
-                        let _ = btx.try_send(v);
+                        recycle(v, &btx);
                     }
                     ToWhole::Start(s) => h = Some(s),
                 }
@@ -377,6 +425,7 @@ impl Pipeline {
             tx: Some(tx),
             back,
             sink: Some(sink),
+            hash: Some(hash),
             whole: Some(whole),
         }
     }
@@ -390,6 +439,9 @@ impl Pipeline {
             Some(Err(_)) => panic!("store sink thread panicked"),
             None => Ok(Vec::new()),
         };
+        if let Some(Err(_)) = self.hash.take().map(JoinHandle::join) {
+            panic!("store hash thread panicked");
+        }
         let whole = match self.whole.take().map(JoinHandle::join) {
             Some(Ok(d)) => d,
             Some(Err(_)) => panic!("store hash thread panicked"),
