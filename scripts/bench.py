@@ -9,6 +9,9 @@ stdout; docs/benchmarks.md records them with this command.
 
 TCG_BENCH_CLI names a prebuilt release CLI (no cargo build; for a machine without Rust, such as
 the GPU machine), TCG_BENCH_OUT the folder for the JSON results (default bench-out/).
+TCG_BENCH_FLEET_REPEAT sets the fleet rounds (default 9; the fetch cases run a third as many).
+TCG_BENCH_CLI_BASE names another build of the CLI (an earlier commit): fleet-io then times its
+pull and import in the same rounds, for a before/after in one run.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ OUT = Path(os.environ.get("TCG_BENCH_OUT") or ROOT / "bench-out")
 REFERENCE = ROOT / "testdata" / "reference-0.2.0" / "mlp-cpu.tar.gz"
 KEY = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004ba1cd363a"
 CLI = Path(os.environ.get("TCG_BENCH_CLI") or ROOT / "target" / "release" / "torch-compiled-graphs")
+CLI_BASE = os.environ.get("TCG_BENCH_CLI_BASE")
 
 
 def timed(run: Callable[[], None]) -> float:
@@ -377,22 +381,27 @@ def bench_fleet(repeat: int, cold_start: bool = True) -> dict[str, object]:
         def run(*args: object) -> None:
             subprocess.run([os.fspath(x) for x in args], check=True, env=env, stdout=subprocess.DEVNULL)
 
-        fetch = medians(
-            {
-                "raw GET of the chunks (boto3, streamed to nothing)": lambda i: raw_get(),
-                "pull (fetch + full verification + local store)": lambda i: run(
-                    CLI, "pull", "--cas-root", work / f"pull-{i}", "--remote", url, KEY
-                ),
-                # What the pull's parts cost without the network: the envelope's full
-                # verification alone, and an import of the same file into a fresh store.
-                "verify of the envelope file (no store)": lambda i: run(CLI, "verify", envelope),
-                "import of the envelope file into a fresh store (no network)": lambda i: run(
-                    CLI, "import", "--cas-root", work / f"imp-{i}", KEY, envelope
-                ),
-            },
-            max(3, repeat // 3),
-        )
-        for p in [*work.glob("pull-*"), *work.glob("imp-*")]:
+        cases: dict[str, Callable[[int], None]] = {
+            "raw GET of the chunks (boto3, streamed to nothing)": lambda i: raw_get(),
+            "pull (fetch + full verification + local store)": lambda i: run(
+                CLI, "pull", "--cas-root", work / f"pull-{i}", "--remote", url, KEY
+            ),
+            # What the pull's parts cost without the network: the envelope's full
+            # verification alone, and an import of the same file into a fresh store.
+            "verify of the envelope file (no store)": lambda i: run(CLI, "verify", envelope),
+            "import of the envelope file into a fresh store (no network)": lambda i: run(
+                CLI, "import", "--cas-root", work / f"imp-{i}", KEY, envelope
+            ),
+        }
+        if CLI_BASE:
+            cases["pull, base CLI"] = lambda i: run(
+                CLI_BASE, "pull", "--cas-root", work / f"bpull-{i}", "--remote", url, KEY
+            )
+            cases["import, base CLI"] = lambda i: run(
+                CLI_BASE, "import", "--cas-root", work / f"bimp-{i}", KEY, envelope
+            )
+        fetch = medians(cases, max(3, repeat // 3))
+        for p in [*work.glob("pull-*"), *work.glob("imp-*"), *work.glob("bpull-*"), *work.glob("bimp-*")]:
             shutil.rmtree(p)
         results["fetch_256mib"] = {
             "artifact_bytes": envelope.stat().st_size,
@@ -540,7 +549,8 @@ def main() -> None:
     if "mint" in sections:
         results["mint"] = bench_mint(repeat=2)
     if "fleet" in sections or "fleet-io" in sections:
-        results["fleet"] = bench_fleet(repeat=9, cold_start="fleet" in sections)
+        repeat = int(os.environ.get("TCG_BENCH_FLEET_REPEAT") or 9)
+        results["fleet"] = bench_fleet(repeat=repeat, cold_start="fleet" in sections)
     if "fleet-cold" in sections:
         results["fleet_cold_start"] = bench_fleet_cold_only()
     stamp = time.strftime("%Y%m%dT%H%M%S")
