@@ -15,19 +15,6 @@ use tcg_core::engine::{
 };
 use tcg_core::{Code, Kind};
 
-fn keygen(dir: &Path, name: &str, comment: &str) -> (PathBuf, String) {
-    let private = dir.join(name);
-    let ok = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
-        .arg(&private)
-        .status()
-        .expect("ssh-keygen is required (apt-get install openssh-client)")
-        .success();
-    assert!(ok);
-    let public = std::fs::read_to_string(format!("{}.pub", private.display())).unwrap();
-    (private, public.trim().to_string())
-}
-
 fn settings() -> TrustSettings {
     TrustSettings::default()
 }

@@ -10,12 +10,11 @@ mod support;
 
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{counting_mint, divergent_envelope, reference, KEY};
+use common::{counting_mint, divergent_envelope, keygen, reference, KEY};
 use support::{moto_as_default_endpoint, request, stat};
 use tcg_cas::Digest;
 use tcg_core::engine::{Engine, EnsureOutcome, RemoteTier, Source, StoreOutcome, TrustSettings};
@@ -36,19 +35,6 @@ fn remote(url: &str) -> Arc<Remote> {
     c.wait = Duration::from_secs(60);
     c.lease_ttl = Duration::from_secs(3);
     Arc::new(Remote::new(c).unwrap())
-}
-
-fn keygen(dir: &Path, name: &str, comment: &str) -> (PathBuf, String) {
-    let private = dir.join(name);
-    let ok = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
-        .arg(&private)
-        .status()
-        .expect("ssh-keygen is required")
-        .success();
-    assert!(ok);
-    let public = std::fs::read_to_string(format!("{}.pub", private.display())).unwrap();
-    (private, public.trim().to_string())
 }
 
 /// A fleet: a bucket, a signing key K and another key J, and an

@@ -267,3 +267,18 @@ pub fn plant(engine: &Engine, key: &str, envelope: &Path) -> tcg_cas::Digest {
     lease.end().unwrap();
     info.manifest
 }
+
+/// An ed25519 key pair made by the real OpenSSH `ssh-keygen` (no passphrase):
+/// the private key's path and the public key line.
+pub fn keygen(dir: &Path, name: &str, comment: &str) -> (PathBuf, String) {
+    let private = dir.join(name);
+    let ok = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
+        .arg(&private)
+        .status()
+        .expect("ssh-keygen is required (apt-get install openssh-client)")
+        .success();
+    assert!(ok);
+    let public = std::fs::read_to_string(format!("{}.pub", private.display())).unwrap();
+    (private, public.trim().to_string())
+}
