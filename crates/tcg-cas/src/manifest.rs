@@ -444,7 +444,7 @@ impl Pipeline {
         }
         let whole = match self.whole.take().map(JoinHandle::join) {
             Some(Ok(d)) => d,
-            Some(Err(_)) => panic!("store hash thread panicked"),
+            Some(Err(_)) => panic!("store whole-file hash thread panicked"),
             None => None,
         };
         (sink, whole)

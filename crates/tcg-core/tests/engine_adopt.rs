@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use common::{other_key_envelope, reference, KEY};
+use common::{keygen, other_key_envelope, reference, KEY};
 use tcg_cas::{name_hash, Digest, GRAPH_REF_PREFIX, QUARANTINE_REF_PREFIX};
 use tcg_core::engine::{AdoptEntry, AdoptStatus, Engine};
 use tcg_core::Code;
@@ -402,15 +402,7 @@ fn a_root_that_is_not_a_hashrepo_root_is_refused_as_a_whole() {
 fn under_a_trust_policy_each_unsigned_graph_is_refused_and_nothing_is_published() {
     let d = tempfile::tempdir().unwrap();
     let old = old_root(d.path());
-    let private = d.path().join("id");
-    let ok = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", "ci@example", "-f"])
-        .arg(&private)
-        .status()
-        .expect("ssh-keygen is required")
-        .success();
-    assert!(ok);
-    let public = std::fs::read_to_string(format!("{}.pub", private.display())).unwrap();
+    let (_, public) = keygen(d.path(), "id", "ci@example");
     let allowed = d.path().join("allowed_signers");
     std::fs::write(&allowed, format!("ci@example {public}")).unwrap();
     let trust = tcg_core::engine::TrustSettings {

@@ -178,6 +178,20 @@ fn build_store_with(config: &RemoteConfig, tamper: bool) -> Result<Arc<dyn Objec
     }
 }
 
+/// `fut` within `limit`, its error classified.
+async fn within<T>(
+    limit: Duration,
+    fut: impl std::future::Future<Output = std::result::Result<T, object_store::Error>>,
+) -> std::result::Result<T, Fail> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r.map_err(classify),
+        Err(_) => Err(Fail::Transport(format!(
+            "no answer within {:.1} s",
+            limit.as_secs_f64()
+        ))),
+    }
+}
+
 /// Concurrent HEAD requests of one [`Client::head_all`].
 const HEADS_IN_FLIGHT: usize = 8;
 
@@ -208,15 +222,7 @@ impl Client {
         limit: Duration,
         fut: impl std::future::Future<Output = std::result::Result<T, object_store::Error>>,
     ) -> std::result::Result<T, Fail> {
-        self.runtime.block_on(async {
-            match tokio::time::timeout(limit, fut).await {
-                Ok(r) => r.map_err(classify),
-                Err(_) => Err(Fail::Transport(format!(
-                    "no answer within {:.1} s",
-                    limit.as_secs_f64()
-                ))),
-            }
-        })
+        self.runtime.block_on(within(limit, fut))
     }
 
     /// GET a small object, refusing one longer than `cap` before reading it.
@@ -249,15 +255,7 @@ impl Client {
         let limit = self.config.timeout;
         let heads = paths.into_iter().map(|path| {
             let store = Arc::clone(&self.store);
-            async move {
-                match tokio::time::timeout(limit, store.head(&path)).await {
-                    Ok(r) => r.map_err(classify),
-                    Err(_) => Err(Fail::Transport(format!(
-                        "no answer within {:.1} s",
-                        limit.as_secs_f64()
-                    ))),
-                }
-            }
+            async move { within(limit, store.head(&path)).await }
         });
         self.runtime.block_on(
             futures_util::stream::iter(heads)
