@@ -146,9 +146,9 @@ fn copy_member(
 }
 
 impl Engine {
-    /// Record the verified members in `stage` as the admitted copy of (key, m).
-    /// The stage is private to the store (its `tmp/`): a member that was not
-    /// streamed into the store while it was verified is read from there. The payload ref is written
+    /// Record the verified members of `stage` as the admitted copy of (key, m):
+    /// the files they were stored as while they were verified
+    /// ([`super::StoreStage::read_envelope`]). The payload ref is written
     /// before the metadata ref, and the binding record last: a reader that
     /// finds the record finds the whole copy.
     pub(crate) fn record_admitted(
@@ -160,15 +160,8 @@ impl Engine {
     ) -> Result<()> {
         let mut members = Vec::new();
         for member in [LITERALS_MEMBER, PACKAGE_MEMBER, METADATA_MEMBER] {
-            let path = stage.path().join(member);
-            if !path.exists() {
+            let Some(info) = stage.stored(member) else {
                 continue;
-            }
-            // Streamed into the store as it was staged (pinned by the lease),
-            // or stored from the staged file now.
-            let info = match stage.stored(member) {
-                Some(info) => *info,
-                None => self.store.ingest_file(lease, &path).map_err(store_err)?,
             };
             let t = Target::manifest(info.manifest);
             set_ref(self, &admitted_ref(key, m, member), t)?;

@@ -337,8 +337,8 @@ mod tests;
 pub(crate) struct StoreStage {
     path: PathBuf,
     /// The members as streamed into the store while they were staged and
-    /// verified (`read_envelope_into`), each with the file it is stored as;
-    /// empty when the stage was filled another way.
+    /// verified ([`StoreStage::read_envelope`]), each with the file it is
+    /// stored as; empty until an envelope has passed.
     stored: Vec<(&'static str, tcg_cas::ManifestInfo)>,
 }
 
@@ -368,6 +368,29 @@ impl StoreStage {
         &self.path
     }
 
+    /// Read and fully verify the envelope `input` into this stage
+    /// ([`crate::artifact::read_envelope_into`]), streaming each member into
+    /// the store as it is staged; once verified, the stage knows the files
+    /// they are stored as ([`StoreStage::stored`]).
+    pub(crate) fn read_envelope(
+        &mut self,
+        engine: &Engine,
+        lease: &tcg_cas::Lease,
+        input: impl std::io::Read,
+        admission: &mut dyn FnMut(&Metadata) -> Result<()>,
+    ) -> Result<crate::artifact::EnvelopeReport> {
+        let mut members = StoreMembers {
+            store: engine.store.clone(),
+            lease,
+            current: None,
+            done: Vec::new(),
+        };
+        let report =
+            crate::artifact::read_envelope_into(input, &self.path, admission, &mut members)?;
+        self.stored = members.done;
+        Ok(report)
+    }
+
     /// The stored file of `member`, when it was streamed into the store.
     pub(crate) fn stored(&self, member: &str) -> Option<&tcg_cas::ManifestInfo> {
         self.stored
@@ -388,29 +411,11 @@ impl Drop for StoreStage {
 /// it is staged, so that recording the admitted copy afterwards does not read
 /// the staged files back. The chunks stay pinned by the lease; they become
 /// garbage if verification fails.
-pub(crate) struct StoreMembers<'l> {
+struct StoreMembers<'l> {
     store: tcg_cas::Store,
     lease: &'l tcg_cas::Lease,
     current: Option<(&'static str, tcg_cas::ChunkedWriter<'l>)>,
     done: Vec<(&'static str, tcg_cas::ManifestInfo)>,
-}
-
-impl<'l> StoreMembers<'l> {
-    pub(crate) fn new(engine: &Engine, lease: &'l tcg_cas::Lease) -> Self {
-        StoreMembers {
-            store: engine.store.clone(),
-            lease,
-            current: None,
-            done: Vec::new(),
-        }
-    }
-
-    /// Hand the stored members to `stage` (only once all were complete).
-    pub(crate) fn into_stage(self, stage: &mut StoreStage) {
-        if self.current.is_none() {
-            stage.stored = self.done;
-        }
-    }
 }
 
 impl crate::artifact::MemberSink for StoreMembers<'_> {

@@ -8,12 +8,10 @@ use std::path::Path;
 use tcg_cas::{CasOutcome, ChunkedWriter, Digest, Lease, Target};
 
 use super::resolve::{classify_read, host_facts, Evidence, Verdict};
-use super::{
-    check_key, graph_ref, store_err, Engine, StoreMembers, StoreOutcome, StoreResult, StoreStage,
-};
+use super::{check_key, graph_ref, store_err, Engine, StoreOutcome, StoreResult, StoreStage};
 use crate::artifact::envelope::Tee;
 use crate::artifact::metadata::format_of;
-use crate::artifact::{read_envelope_into, read_metadata_member, EnvelopeReport, Metadata};
+use crate::artifact::{read_metadata_member, EnvelopeReport, Metadata};
 use crate::{Code, Error, Result};
 
 /// Why an incumbent record may be replaced.
@@ -57,7 +55,6 @@ impl Engine {
         };
         let mut sink_error: Option<Error> = None;
         let mut stage = StoreStage::new(self, lease)?;
-        let mut members = StoreMembers::new(self, lease);
         let host = if admit_host {
             Some(host_facts()?)
         } else {
@@ -88,12 +85,11 @@ impl Engine {
                 }
             })
         });
-        let report = read_envelope_into(tee, stage.path(), &mut admission, &mut members);
+        let report = stage.read_envelope(self, lease, tee, &mut admission);
         if let Some(e) = sink_error {
             return Err(e);
         }
         let report = report?;
-        members.into_stage(&mut stage);
         let info = writer.finish().map_err(store_err)?;
         Ok((info, report, stage))
     }

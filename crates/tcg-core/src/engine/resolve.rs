@@ -11,7 +11,7 @@ use tcg_cas::{store_error_of, Lease, StoreError, Target};
 use super::destination::{prepare_directory_destination, publish_stage};
 use super::{check_key, graph_ref, store_err, Counter, Engine, Request, Resolved, StoreStage};
 use crate::artifact::publish::Temp;
-use crate::artifact::{read_envelope_into, Metadata};
+use crate::artifact::Metadata;
 use crate::host_isa::HostFacts;
 use crate::{Code, Error, Kind, Result};
 
@@ -261,14 +261,8 @@ impl Engine {
         // between (nor make a good record look bad).
         let mut work = StoreStage::new(self, &lease)?;
         let evidence = Evidence::default();
-        let mut members = super::StoreMembers::new(self, &lease);
-        let read = read_envelope_into(
-            evidence.reader(reader),
-            work.path(),
-            &mut admission,
-            &mut members,
-        );
-        let report = match read {
+        let report = match work.read_envelope(self, &lease, evidence.reader(reader), &mut admission)
+        {
             Ok(r) => r,
             Err(err) => {
                 drop(work);
@@ -283,7 +277,6 @@ impl Engine {
         };
         // Verified: keep the members as the admitted copy for the next resolve.
         // Best effort; the envelope remains the source of truth.
-        members.into_stage(&mut work);
         let _ = self.record_admitted(&lease, key, &manifest, &work);
         let stage = Temp::stage_dir(destination)?;
         copy_tree(work.path(), stage.path())?;
