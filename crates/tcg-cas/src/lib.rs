@@ -46,7 +46,9 @@ pub use fsutil::network_filesystem_name;
 pub use gc::{GcOptions, GcReport, StoreStats};
 pub use lease::Lease;
 pub use lock::NamedLock;
-pub use manifest::{Chunk, ChunkedReader, ChunkedWriter, Manifest, ManifestInfo};
+pub use manifest::{
+    Chunk, ChunkedReader, ChunkedWriter, Manifest, ManifestInfo, SharedBytes, StoredFile,
+};
 pub use materialize::{MaterializeMethod, MaterializeReport};
 pub use object::ObjectReader;
 pub use refs::{

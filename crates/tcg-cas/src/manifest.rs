@@ -248,19 +248,159 @@ impl Store {
     }
 }
 
+/// Bytes a caller hands a [`ChunkedWriter`] without a copy (a network
+/// frame, say): kept alive until the writer's threads are done with them.
+pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// Frames shorter than this are copied into the writer's buffer instead:
+/// each shared frame costs a write and three hand-offs of its own.
+const SHARE_MIN: usize = 64 << 10;
+
+/// A buffer of the writer's pipeline: one of its own (recycled), or a
+/// range of a caller's shared bytes.
+enum Buf {
+    Owned(Vec<u8>),
+    Shared(SharedBytes, std::ops::Range<usize>),
+}
+
+impl std::ops::Deref for Buf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Buf::Owned(v) => v,
+            Buf::Shared(b, r) => &(**b).as_ref()[r.clone()],
+        }
+    }
+}
+
+/// Random access to a stored file's bytes, for a reader that seeks (a zip's
+/// central directory, say): each chunk object opened without following a
+/// link and checked for its length, and read in place. Not hashed: for
+/// bytes this process has just stored from data it hashed as it wrote them
+/// (the store is private to its owner); anything else reads through
+/// [`Store::open_file`] with verification.
+#[derive(Debug)]
+pub struct StoredFile {
+    /// Each chunk's first offset, its length and its object.
+    chunks: Vec<(u64, u64, std::fs::File)>,
+    size: u64,
+    pos: u64,
+}
+
+impl Store {
+    /// Pin manifest `digest` and its chunks in `lease` and open the file
+    /// for random access ([`StoredFile`]).
+    pub fn open_stored(&self, lease: &Lease, digest: &Digest) -> Result<StoredFile> {
+        let manifest = self.load_manifest(lease, digest)?;
+        let ds: Vec<Digest> = manifest.chunks.iter().map(|c| c.digest).collect();
+        lease.pin(&ds)?;
+        let mut chunks = Vec::with_capacity(manifest.chunks.len());
+        let mut start = 0u64;
+        for c in &manifest.chunks {
+            let path = self.object_path(&c.digest);
+            let (file, md) =
+                fsutil::open_regular(&path)?.ok_or_else(|| StoreError::ObjectMissing {
+                    digest: c.digest.to_hex(),
+                    path: path.clone(),
+                })?;
+            if md.len() != c.len {
+                return Err(StoreError::LengthMismatch {
+                    path,
+                    digest: c.digest.to_hex(),
+                    expected: c.len,
+                    actual: md.len(),
+                });
+            }
+            chunks.push((start, c.len, file));
+            start += c.len;
+        }
+        Ok(StoredFile {
+            chunks,
+            size: manifest.size,
+            pos: 0,
+        })
+    }
+}
+
+impl StoredFile {
+    /// The file's length.
+    pub fn len(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the file has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+}
+
+impl Read for StoredFile {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        if buf.is_empty() || self.pos >= self.size {
+            return Ok(0);
+        }
+        let i = self
+            .chunks
+            .partition_point(|(start, _, _)| *start <= self.pos)
+            - 1;
+        let (start, len, file) = &self.chunks[i];
+        let within = self.pos - start;
+        let n = buf
+            .len()
+            .min((len - within).min(usize::MAX as u64) as usize);
+        let got = file.read_at(&mut buf[..n], within)?;
+        if got == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "a stored chunk is shorter than its manifest says",
+            ));
+        }
+        self.pos += got as u64;
+        Ok(got)
+    }
+}
+
+impl io::Seek for StoredFile {
+    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
+        let target = match to {
+            io::SeekFrom::Start(n) => Some(n),
+            io::SeekFrom::End(d) => self.size.checked_add_signed(d),
+            io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        let Some(target) = target else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "seek before the start of the file",
+            ));
+        };
+        self.pos = target;
+        Ok(target)
+    }
+}
+
 /// Work for the sink thread, in stream order.
 enum ToSink {
     /// Bytes of the current chunk.
-    Data(Vec<u8>),
+    Data(Buf),
     /// The current chunk, of `len` bytes, is complete.
     Seal { len: u64 },
     /// Reply once everything before has been written (and sealed chunks installed).
     Barrier(mpsc::SyncSender<()>),
 }
 
+/// Work for the install thread, in seal order.
+enum ToInstall {
+    /// A sealed chunk's temp and length: fsync and install it under the
+    /// digest the hash thread gives.
+    Chunk(TempFile, u64),
+    /// Reply once every chunk before is installed.
+    Barrier(mpsc::SyncSender<()>),
+}
+
 /// Work for the chunk-hash thread, in stream order.
 enum ToHash {
-    Data(Arc<Vec<u8>>),
+    Data(Arc<Buf>),
     /// The current chunk, of `len` bytes, is complete: reply with its digest.
     Seal {
         len: u64,
@@ -268,17 +408,19 @@ enum ToHash {
 }
 
 enum ToWhole {
-    Data(Arc<Vec<u8>>),
+    Data(Arc<Buf>),
     Start(Hasher),
 }
 
-/// Helper threads, so that the caller's thread only fills buffers: the sink
-/// writes each chunk's temp and installs it (fsync, link); beside it, a hash
-/// thread hashes each chunk (or, for known chunks, checks the cut and names
-/// the known digest), and a third thread hashes the whole file (from chunk 2
-/// on, continuing chunk 1's state, so a one-chunk file is hashed once). A
-/// buffer is shared by the three and goes back to the caller when the last
-/// lets go, so memory stays bounded (about 24 MiB).
+/// Helper threads, so that the caller's thread only fills buffers (or hands
+/// over shared ones): the sink writes each chunk's temp, and an install
+/// thread fsyncs and installs a sealed chunk while the sink writes the next;
+/// beside them, a hash thread hashes each chunk (or, for known chunks, checks
+/// the cut and names the known digest), and a fourth thread hashes the whole
+/// file (from chunk 2 on, continuing chunk 1's state, so a one-chunk file is
+/// hashed once). A buffer is shared by the sink and the two hash threads and
+/// goes back to the caller when the last lets go, so memory stays bounded
+/// (about 32 MiB of buffers, and two sealed chunks awaiting install).
 struct Pipeline {
     tx: Option<mpsc::SyncSender<ToSink>>,
     back: mpsc::Receiver<Vec<u8>>,
@@ -296,9 +438,10 @@ fn layout_mismatch(store: &Store, why: String) -> StoreError {
     }
 }
 
-/// Give a buffer back to the caller if this was its last holder.
-fn recycle(buf: Arc<Vec<u8>>, back: &mpsc::SyncSender<Vec<u8>>) {
-    if let Some(v) = Arc::into_inner(buf) {
+/// Give a buffer back to the caller if this was its last holder (a shared
+/// one is released instead).
+fn recycle(buf: Arc<Buf>, back: &mpsc::SyncSender<Vec<u8>>) {
+    if let Some(Buf::Owned(v)) = Arc::into_inner(buf) {
         let _ = back.try_send(v);
     }
 }
@@ -357,53 +500,89 @@ impl Pipeline {
     fn start(store: &Store, lease: &Lease, known: Option<Arc<[Chunk]>>) -> Pipeline {
         let (tx, rx) = mpsc::sync_channel::<ToSink>(8);
         let (htx, hrx) = mpsc::sync_channel::<ToHash>(8);
-        let (wtx, wrx) = mpsc::sync_channel::<ToWhole>(2);
+        let (wtx, wrx) = mpsc::sync_channel::<ToWhole>(8);
         let (dtx, drx) = mpsc::channel::<std::result::Result<Digest, String>>();
         let (btx, back) = mpsc::sync_channel::<Vec<u8>>(8);
         let store = store.clone();
         let core = Arc::clone(lease.core());
         let sink_back = btx.clone();
-        let sink = std::thread::spawn(move || -> Result<Vec<Chunk>> {
-            let mut temp: Option<(TempFile, u64)> = None;
+        // Sealed chunks are fsynced and installed on a thread of their own,
+        // so that the sink writes the next chunk meanwhile.
+        let (itx, irx) = mpsc::sync_channel::<ToInstall>(2);
+        let install_store = store.clone();
+        let install_core = Arc::clone(&core);
+        let install = std::thread::spawn(move || -> Result<Vec<Chunk>> {
             let mut chunks: Vec<Chunk> = Vec::new();
-            for msg in rx {
+            for msg in irx {
                 match msg {
-                    ToSink::Data(v) => {
-                        // Hashed on the hash thread while it is written here.
-                        let v = Arc::new(v);
-                        let _ = htx.send(ToHash::Data(Arc::clone(&v)));
-                        if temp.is_none() {
-                            temp = Some((core.create_temp()?, 0));
-                        }
-                        let (t, len) = temp.as_mut().expect("temp just ensured");
-                        t.file().write_all(&v).map_err(io_err("write", &t.path))?;
-                        let before = *len;
-                        *len += v.len() as u64;
-                        if before / WRITEBACK_KICK != *len / WRITEBACK_KICK {
-                            // Start writeback early so the fsync at the seal is short.
-                            let end = *len / WRITEBACK_KICK * WRITEBACK_KICK;
-                            fsutil::start_writeback(t.file(), end - WRITEBACK_KICK, WRITEBACK_KICK);
-                        }
-                        recycle(v, &sink_back);
-                    }
-                    ToSink::Seal { len } => {
-                        let _ = htx.send(ToHash::Seal { len });
+                    ToInstall::Chunk(t, len) => {
                         let digest = match drx.recv() {
                             Ok(Ok(d)) => d,
-                            Ok(Err(why)) => return Err(layout_mismatch(&store, why)),
+                            Ok(Err(why)) => return Err(layout_mismatch(&install_store, why)),
                             Err(_) => panic!("store hash thread ended early"),
                         };
-                        let (t, written) = temp.take().expect("a sealed chunk has bytes");
-                        debug_assert_eq!(written, len);
-                        store.install_temp(&core, t, &digest, len)?;
+                        install_store.install_temp(&install_core, t, &digest, len)?;
                         chunks.push(Chunk { digest, len });
                     }
-                    ToSink::Barrier(reply) => {
+                    ToInstall::Barrier(reply) => {
                         let _ = reply.send(());
                     }
                 }
             }
             Ok(chunks)
+        });
+        let sink = std::thread::spawn(move || -> Result<Vec<Chunk>> {
+            let mut temp: Option<(TempFile, u64)> = None;
+            let written = (|| -> Result<()> {
+                for msg in rx {
+                    match msg {
+                        ToSink::Data(v) => {
+                            // Hashed on the hash thread while it is written here.
+                            let v = Arc::new(v);
+                            let _ = htx.send(ToHash::Data(Arc::clone(&v)));
+                            if temp.is_none() {
+                                temp = Some((core.create_temp()?, 0));
+                            }
+                            let (t, len) = temp.as_mut().expect("temp just ensured");
+                            t.file().write_all(&v).map_err(io_err("write", &t.path))?;
+                            let before = *len;
+                            *len += v.len() as u64;
+                            if before / WRITEBACK_KICK != *len / WRITEBACK_KICK {
+                                // Start writeback early so the fsync at the seal is short.
+                                let end = *len / WRITEBACK_KICK * WRITEBACK_KICK;
+                                fsutil::start_writeback(
+                                    t.file(),
+                                    end - WRITEBACK_KICK,
+                                    WRITEBACK_KICK,
+                                );
+                            }
+                            recycle(v, &sink_back);
+                        }
+                        ToSink::Seal { len } => {
+                            let _ = htx.send(ToHash::Seal { len });
+                            let (t, written) = temp.take().expect("a sealed chunk has bytes");
+                            debug_assert_eq!(written, len);
+                            if itx.send(ToInstall::Chunk(t, len)).is_err() {
+                                // The install thread failed: its error below.
+                                return Ok(());
+                            }
+                        }
+                        ToSink::Barrier(reply) => {
+                            if itx.send(ToInstall::Barrier(reply)).is_err() {
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            })();
+            drop(itx);
+            let installed = match install.join() {
+                Ok(r) => r,
+                Err(_) => panic!("store install thread panicked"),
+            };
+            written?;
+            installed
         });
         let hash = std::thread::spawn(move || hash_chunks(hrx, wtx, dtx, known));
         let whole = std::thread::spawn(move || {
@@ -453,7 +632,7 @@ impl Pipeline {
 
 /// Streaming writer of one file (`impl Write`): cuts 64 MiB chunks from offset
 /// 0, installs each as an object pinned in the lease, and on [`finish`]
-/// installs the manifest. Memory is bounded (about 16 MiB). Writing, fsync and
+/// installs the manifest. Memory is bounded (about 32 MiB). Writing, fsync and
 /// install of chunk objects, and the whole-file hash, run on helper threads.
 /// Dropping it without `finish` discards the partial chunk; installed chunks
 /// stay pinned until the lease ends and are then garbage.
@@ -545,7 +724,7 @@ impl ChunkedWriter<'_> {
         let mut data = std::mem::replace(&mut self.buf, spare);
         data.truncate(self.filled);
         self.filled = 0;
-        self.send(ToSink::Data(data))?;
+        self.send(ToSink::Data(Buf::Owned(data)))?;
         if self.chunk_len == self.store.chunk_bytes() {
             self.seal_chunk()?;
         }
@@ -591,6 +770,38 @@ impl ChunkedWriter<'_> {
             }
         }
         Ok(data.len())
+    }
+
+    /// Append `data` without copying it (frames of [`SHARE_MIN`] bytes or
+    /// more; shorter ones are copied): the writer's threads write and hash
+    /// it from the caller's memory and drop their references when done.
+    pub fn write_shared(&mut self, data: SharedBytes) -> Result<()> {
+        let len = (*data).as_ref().len();
+        if len < SHARE_MIN {
+            return self.accept((*data).as_ref()).map(drop);
+        }
+        self.guard()?;
+        let r = self.flush_buf();
+        self.after(r)?;
+        if self.pipe.is_none() {
+            self.pipe = Some(Pipeline::start(&self.store, self.lease, self.known.clone()));
+        }
+        let step = self.store.chunk_bytes();
+        let mut off = 0;
+        while off < len {
+            let to_edge = (step - self.chunk_len).min(usize::MAX as u64) as usize;
+            let n = to_edge.min(len - off);
+            self.chunk_len += n as u64;
+            self.size += n as u64;
+            let r = self.send(ToSink::Data(Buf::Shared(Arc::clone(&data), off..off + n)));
+            self.after(r)?;
+            off += n;
+            if self.chunk_len == step {
+                let r = self.seal_chunk();
+                self.after(r)?;
+            }
+        }
+        Ok(())
     }
 
     /// Copy all of `reader` into the file, reading straight into the writer's

@@ -88,6 +88,57 @@ fn a_writer_of_known_chunks_stores_what_hashing_would_and_refuses_another_layout
 }
 
 #[test]
+fn a_stored_file_reads_and_seeks_across_its_chunks() {
+    use std::io::{Seek, SeekFrom};
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_store(&dir.path().join("s"));
+    let lease = store.lease().unwrap();
+    let data = bytes(21, 3 * SMALL_CHUNK as usize + 17);
+    let info = store.ingest_reader(&lease, &data[..]).unwrap();
+    let mut f = store.open_stored(&lease, &info.manifest).unwrap();
+    assert_eq!(f.len(), data.len() as u64);
+    let mut all = Vec::new();
+    f.read_to_end(&mut all).unwrap();
+    assert_eq!(all, data);
+    // Spans that start and end anywhere, across chunk edges included.
+    let edge = SMALL_CHUNK as usize;
+    for (at, n) in [
+        (0, 10),
+        (edge - 3, 7),
+        (2 * edge - 1, edge + 2),
+        (data.len() - 5, 5),
+    ] {
+        f.seek(SeekFrom::Start(at as u64)).unwrap();
+        let mut got = vec![0u8; n];
+        f.read_exact(&mut got).unwrap();
+        assert_eq!(got, &data[at..at + n], "{at}+{n}");
+    }
+    assert_eq!(f.seek(SeekFrom::End(-4)).unwrap(), data.len() as u64 - 4);
+    assert_eq!(
+        f.seek(SeekFrom::Current(-2)).unwrap(),
+        data.len() as u64 - 6
+    );
+    assert!(f.seek(SeekFrom::Current(-(data.len() as i64))).is_err());
+    // Past the end reads nothing.
+    f.seek(SeekFrom::Start(data.len() as u64 + 9)).unwrap();
+    assert_eq!(f.read(&mut [0u8; 4]).unwrap(), 0);
+    drop(f);
+    // A chunk object that is a link, or of another length, is refused.
+    let chunks = store.load_manifest(&lease, &info.manifest).unwrap().chunks;
+    let c1 = store.object_path(&chunks[1].digest);
+    let copy = dir.path().join("copy");
+    std::fs::copy(&c1, &copy).unwrap();
+    std::fs::remove_file(&c1).unwrap();
+    std::os::unix::fs::symlink(&copy, &c1).unwrap();
+    let e = store.open_stored(&lease, &info.manifest).unwrap_err();
+    assert_eq!(e.code(), "store.not_regular_file");
+    std::fs::remove_file(&c1).unwrap();
+    std::fs::write(&c1, b"short").unwrap();
+    let e = store.open_stored(&lease, &info.manifest).unwrap_err();
+    assert_eq!(e.code(), "store.digest_mismatch");
+}
+
+#[test]
 fn chunked_writer_cuts_fixed_chunks_from_offset_zero_whatever_the_write_sizes() {
     let dir = tempfile::tempdir().unwrap();
     let store = small_store(&dir.path().join("s"));
@@ -268,6 +319,42 @@ proptest::proptest! {
         let bytes = m.to_bytes();
         let back = Manifest::parse(&bytes, &Digest::of(&bytes)).unwrap();
         proptest::prop_assert_eq!(back, m);
+    }
+
+    /// Shared frames (kept by reference, cut at chunk edges) and copied
+    /// writes, in any mix and any sizes, store what one copied write would,
+    /// with or without the chunk digests known in advance.
+    #[test]
+    fn shared_frames_store_what_copied_bytes_would(
+        len in 0usize..(400 << 10),
+        cuts in proptest::collection::vec(1usize..(150 << 10), 1..12),
+        seed in proptest::prelude::any::<u64>(),
+        known in proptest::prelude::any::<bool>(),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = small_store(&dir.path().join("s"));
+        let lease = store.lease().unwrap();
+        let data = bytes(seed, len);
+        let hashed = store.ingest_reader(&lease, &data[..]).unwrap();
+        let chunks = store.load_manifest(&lease, &hashed.manifest).unwrap().chunks;
+        let mut w = if known {
+            store.chunked_writer_known(&lease, &chunks)
+        } else {
+            store.chunked_writer(&lease)
+        };
+        let (mut off, mut i) = (0, 0);
+        while off < data.len() {
+            let n = cuts[i % cuts.len()].min(data.len() - off);
+            let piece = data[off..off + n].to_vec();
+            if i % 3 == 2 {
+                w.write_all(&piece).unwrap();
+            } else {
+                w.write_shared(std::sync::Arc::new(piece)).unwrap();
+            }
+            off += n;
+            i += 1;
+        }
+        proptest::prop_assert_eq!(w.finish().unwrap(), hashed);
     }
 
     /// Ingest of any byte string reads back identically, whatever the write sizes.

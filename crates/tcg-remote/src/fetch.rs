@@ -4,23 +4,27 @@
 //! `import_artifact`; nothing here is served or unpacked.
 
 use std::collections::VecDeque;
-use std::io::{self, Read};
+use std::io;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::{Digest as _, Sha256};
-use tcg_cas::{Chunk, Digest, Manifest};
-use tcg_core::engine::{FailureSlot, RemoteEnvelope, RemoteError, StreamFailure};
-use tokio::runtime::Handle;
+use tcg_cas::{Chunk, Digest, Manifest, SharedBytes};
+use tcg_core::engine::{EnvelopeStream, FailureSlot, RemoteEnvelope, RemoteError, StreamFailure};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::client::{Client, Fail};
 use crate::layout::{Layout, RefRecord, MAX_MANIFEST_BYTES, MAX_REF_BYTES};
 
-/// Chunks fetched ahead of the reader (each up to 64 MiB in memory).
-pub const PREFETCH: usize = 2;
+/// Chunks requested ahead of the reader, the one it reads included: what
+/// has arrived and is not yet read stays in memory (up to 64 MiB a chunk).
+pub const CHUNKS_AHEAD: usize = 3;
+
+/// Chunk GETs in flight at once, started in manifest order.
+pub const GETS_AT_ONCE: usize = 2;
 
 fn unavailable(what: &str, f: Fail) -> RemoteError {
     RemoteError::Unavailable(format!("{what}: {f}"))
@@ -147,90 +151,113 @@ pub fn open_manifest(
     }))
 }
 
-/// What one chunk's GET came to, before the digest check.
-enum Got {
-    Body(Bytes, [u8; 32]),
-    Stored(u64),
-    Short(u64),
-}
+/// What one chunk's GET hands the reader: its bytes in the order they
+/// arrived, or why it failed.
+type Frame = Result<Bytes, StreamFailure>;
 
+/// GET one chunk, hashing each frame as it arrives and passing it on to the
+/// reader, all but the last: that one is sent only once the length and the
+/// SHA-256 match. A reader therefore never holds every byte of a chunk
+/// before the chunk is proven, and the local writer (which installs a chunk
+/// only once it has all of its bytes) never installs an unproven one.
 async fn fetch_chunk(
     store: Arc<dyn ObjectStore>,
     path: Path,
     chunk: Chunk,
     limit: std::time::Duration,
-) -> Result<Bytes, StreamFailure> {
+    tx: mpsc::UnboundedSender<Frame>,
+    _get: OwnedSemaphorePermit,
+) {
     use futures_util::StreamExt;
-    let got = tokio::time::timeout(limit, async {
-        let r = store.get(&path).await?;
+    let hex = chunk.digest.to_hex();
+    let streamed = tokio::time::timeout(limit, async {
+        let r = store
+            .get(&path)
+            .await
+            .map_err(|e| StreamFailure::Transport(format!("chunk {hex}: {e}")))?;
         if r.meta.size != chunk.len {
-            return Ok(Got::Stored(r.meta.size));
-        }
-        // Hashed as the body arrives (frames of kilobytes), so the check is
-        // done about when the last byte is: no second pass over the chunk.
-        let mut body = bytes::BytesMut::with_capacity(chunk.len as usize);
-        let mut hasher = Sha256::new();
-        let mut frames = r.into_stream();
-        while let Some(frame) = frames.next().await {
-            let frame = frame?;
-            if (body.len() + frame.len()) as u64 > chunk.len {
-                // More than the stated length: cut off, reported as short below.
-                return Ok(Got::Short(body.len() as u64 + frame.len() as u64));
-            }
-            hasher.update(&frame);
-            body.extend_from_slice(&frame);
-        }
-        if body.len() as u64 != chunk.len {
-            return Ok(Got::Short(body.len() as u64));
-        }
-        Ok::<_, object_store::Error>(Got::Body(body.freeze(), hasher.finalize().into()))
-    })
-    .await;
-    let (bytes, actual) = match got {
-        Err(_) => {
-            return Err(StreamFailure::Transport(format!(
-                "chunk {} took longer than {:.1} s",
-                chunk.digest.to_hex(),
-                limit.as_secs_f64()
-            )))
-        }
-        Ok(Err(e)) => {
-            return Err(StreamFailure::Transport(format!(
-                "chunk {}: {e}",
-                chunk.digest.to_hex()
-            )))
-        }
-        Ok(Ok(Got::Stored(stored))) => {
             // The server states another length for a content-addressed name.
             return Err(StreamFailure::Bad(format!(
-                "chunk {} is stored with {stored} bytes, the manifest says {}",
-                chunk.digest.to_hex(),
-                chunk.len
+                "chunk {hex} is stored with {} bytes, the manifest says {}",
+                r.meta.size, chunk.len
             )));
         }
-        Ok(Ok(Got::Short(n))) => {
+        let mut hasher = Sha256::new();
+        let mut held: Option<Bytes> = None;
+        let mut got: u64 = 0;
+        let mut frames = r.into_stream();
+        while let Some(frame) = frames.next().await {
+            let frame = frame.map_err(|e| StreamFailure::Transport(format!("chunk {hex}: {e}")))?;
+            got += frame.len() as u64;
+            if got > chunk.len {
+                // More than the stated length: cut off here.
+                break;
+            }
+            hasher.update(&frame);
+            if let Some(previous) = held.replace(frame) {
+                if tx.send(Ok(previous)).is_err() {
+                    // The reader is gone: nothing more to do.
+                    return Ok(None);
+                }
+            }
+        }
+        if got != chunk.len {
             // A body of another length with a 200 is a transport fault
             // (truncation), not proof.
             return Err(StreamFailure::Transport(format!(
-                "chunk {} arrived with {n} bytes, expected {}",
-                chunk.digest.to_hex(),
+                "chunk {hex} arrived with {got} bytes, expected {}",
                 chunk.len
             )));
         }
-        Ok(Ok(Got::Body(b, d))) => (b, d),
+        let actual: [u8; 32] = hasher.finalize().into();
+        if actual != chunk.digest.0 {
+            return Err(StreamFailure::Bad(format!(
+                "chunk {hex} has SHA-256 {}",
+                hex::encode(actual)
+            )));
+        }
+        Ok(held)
+    })
+    .await;
+    let last = match streamed {
+        Err(_) => Err(StreamFailure::Transport(format!(
+            "chunk {hex} took longer than {:.1} s",
+            limit.as_secs_f64()
+        ))),
+        Ok(Ok(None)) => return,
+        Ok(Ok(Some(b))) => Ok(b),
+        Ok(Err(f)) => Err(f),
     };
-    if actual != chunk.digest.0 {
-        return Err(StreamFailure::Bad(format!(
-            "chunk {} has SHA-256 {}",
-            chunk.digest.to_hex(),
-            hex::encode(actual)
-        )));
-    }
-    Ok(bytes)
+    let _ = tx.send(last);
 }
 
-/// The envelope as a stream: chunks fetched ahead in parallel, each checked
-/// against its digest and length before any of its bytes is handed out.
+/// A task that ends with its owner.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A chunk to fetch: where, what, and where its frames go.
+type Order = (Path, Chunk, mpsc::UnboundedSender<Frame>);
+
+/// One chunk on its way: its frames, and how many bytes of it the reader
+/// has taken.
+struct InFlight {
+    chunk: Chunk,
+    frames: mpsc::UnboundedReceiver<Frame>,
+    taken: u64,
+}
+
+/// The envelope as a stream: chunks fetched ahead in parallel and handed out
+/// as they arrive, each chunk's last bytes only once its length and SHA-256
+/// are checked (see [`fetch_chunk`]). A consumer that has read a chunk to
+/// its end has read proven bytes; one that stops inside a chunk has
+/// received bytes it must not keep, and every consumer here stages them
+/// where nothing is served until the whole stream, the local manifest and
+/// the full verification have passed.
 ///
 /// The whole-file digest is not hashed here: the verified chunks fix every
 /// byte, and the local chunked writer hashes the whole file anyway (it takes
@@ -239,29 +266,44 @@ async fn fetch_chunk(
 /// (same digest), which also binds the remote's file digest and size
 /// (`fetch_remote`), before anything is published.
 pub struct ChunkStream {
-    handle: Handle,
-    store: Arc<dyn ObjectStore>,
     layout: Layout,
-    config: crate::config::RemoteConfig,
     manifest: Manifest,
     next: usize,
-    pending: VecDeque<JoinHandle<Result<Bytes, StreamFailure>>>,
-    current: Bytes,
+    pending: VecDeque<InFlight>,
+    orders: mpsc::UnboundedSender<Order>,
+    /// Starts the GETs in order, [`GETS_AT_ONCE`] at a time; aborting it
+    /// aborts them.
+    driver: JoinHandle<()>,
     failure: FailureSlot,
     failed: bool,
 }
 
 impl ChunkStream {
     fn new(client: &Client, layout: &Layout, manifest: Manifest, failure: FailureSlot) -> Self {
+        let (orders, mut incoming) = mpsc::unbounded_channel::<Order>();
+        let gets = Arc::new(Semaphore::new(GETS_AT_ONCE));
+        let store = Arc::clone(&client.store);
+        let config = client.config.clone();
+        let driver = client.runtime.spawn(async move {
+            let mut tasks = Vec::new();
+            while let Some((path, c, tx)) = incoming.recv().await {
+                let Ok(get) = Arc::clone(&gets).acquire_owned().await else {
+                    break;
+                };
+                let limit = config.data_timeout(c.len);
+                let store = Arc::clone(&store);
+                tasks.push(AbortOnDrop(tokio::spawn(fetch_chunk(
+                    store, path, c, limit, tx, get,
+                ))));
+            }
+        });
         let mut s = ChunkStream {
-            handle: client.runtime.handle().clone(),
-            store: Arc::clone(&client.store),
             layout: layout.clone(),
-            config: client.config.clone(),
             manifest,
             next: 0,
             pending: VecDeque::new(),
-            current: Bytes::new(),
+            orders,
+            driver,
             failure,
             failed: false,
         };
@@ -270,14 +312,17 @@ impl ChunkStream {
     }
 
     fn fill(&mut self) {
-        while self.pending.len() < PREFETCH && self.next < self.manifest.chunks.len() {
+        while self.pending.len() < CHUNKS_AHEAD && self.next < self.manifest.chunks.len() {
             let c = self.manifest.chunks[self.next];
             self.next += 1;
-            let store = Arc::clone(&self.store);
             let path = self.layout.chunk(&c.digest);
-            let limit = self.config.data_timeout(c.len);
-            self.pending
-                .push_back(self.handle.spawn(fetch_chunk(store, path, c, limit)));
+            let (tx, rx) = mpsc::unbounded_channel();
+            let _ = self.orders.send((path, c, tx));
+            self.pending.push_back(InFlight {
+                chunk: c,
+                frames: rx,
+                taken: 0,
+            });
         }
     }
 
@@ -291,39 +336,83 @@ impl ChunkStream {
         self.failed = true;
         io::Error::other(msg)
     }
-}
 
-impl Drop for ChunkStream {
-    fn drop(&mut self) {
-        for h in &self.pending {
-            h.abort();
+    /// The next frame of the stream: `Ok(None)` at its end.
+    fn next(&mut self) -> Result<Option<Bytes>, StreamFailure> {
+        loop {
+            let Some(head) = self.pending.front_mut() else {
+                return Ok(None);
+            };
+            match head.frames.blocking_recv() {
+                Some(Ok(b)) => {
+                    head.taken += b.len() as u64;
+                    return Ok(Some(b));
+                }
+                Some(Err(f)) => return Err(f),
+                None if head.taken == head.chunk.len => {
+                    // The task sent the last frame only after the check.
+                    self.pending.pop_front();
+                    self.fill();
+                }
+                None => {
+                    return Err(StreamFailure::Transport(format!(
+                        "chunk {} ended after {} of {} bytes",
+                        head.chunk.digest.to_hex(),
+                        head.taken,
+                        head.chunk.len
+                    )))
+                }
+            }
         }
     }
 }
 
-impl Read for ChunkStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+impl Drop for ChunkStream {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl EnvelopeStream for ChunkStream {
+    fn next_frame(&mut self) -> io::Result<Option<SharedBytes>> {
         if self.failed {
             return Err(io::Error::other("the remote stream failed"));
         }
-        if self.current.is_empty() {
-            let Some(task) = self.pending.pop_front() else {
-                return Ok(0);
-            };
-            let got = self
-                .handle
-                .block_on(task)
-                .unwrap_or_else(|e| Err(StreamFailure::Transport(e.to_string())));
-            let bytes = match got {
-                Ok(b) => b,
-                Err(f) => return Err(self.fail(f)),
-            };
-            self.fill();
-            self.current = bytes;
+        match self.next() {
+            Ok(Some(b)) => Ok(Some(Arc::new(b))),
+            Ok(None) => Ok(None),
+            Err(f) => Err(self.fail(f)),
         }
-        let n = buf.len().min(self.current.len());
-        buf[..n].copy_from_slice(&self.current[..n]);
-        let _ = self.current.split_to(n);
-        Ok(n)
+    }
+
+    fn settle(&mut self) {
+        if self.failed {
+            return;
+        }
+        let Some(head) = self.pending.front_mut() else {
+            return;
+        };
+        if head.taken == 0 {
+            return;
+        }
+        // The rest of this chunk only: its last frame comes after its check.
+        let verdict = loop {
+            match head.frames.blocking_recv() {
+                Some(Ok(b)) => head.taken += b.len() as u64,
+                Some(Err(f)) => break Some(f),
+                None if head.taken == head.chunk.len => break None,
+                None => {
+                    break Some(StreamFailure::Transport(format!(
+                        "chunk {} ended after {} of {} bytes",
+                        head.chunk.digest.to_hex(),
+                        head.taken,
+                        head.chunk.len
+                    )))
+                }
+            }
+        };
+        if let Some(f) = verdict {
+            self.fail(f);
+        }
     }
 }

@@ -31,6 +31,9 @@ enum Kind {
     Delay(Duration),
     Truncate,
     Corrupt,
+    /// The first byte flipped: the envelope parser refuses it long before
+    /// the chunk's end, where the stream checks the chunk's SHA-256.
+    CorruptFirst,
     Reset,
 }
 
@@ -127,7 +130,7 @@ fn handle(mut conn: TcpStream, upstream: u16, fault: Fault, hits: &AtomicU32) ->
                 return Some(());
             }
             Kind::Delay(d) => std::thread::sleep(d),
-            Kind::Truncate | Kind::Corrupt => {}
+            Kind::Truncate | Kind::Corrupt | Kind::CorruptFirst => {}
         }
     }
     // Forward with `Connection: close` and read the whole answer.
@@ -155,6 +158,9 @@ fn handle(mut conn: TcpStream, upstream: u16, fault: Fault, hits: &AtomicU32) ->
     if hit && matches!(fault.kind, Kind::Corrupt) && !payload.is_empty() {
         let mid = payload.len() / 2;
         payload[mid] ^= 0xff;
+    }
+    if hit && matches!(fault.kind, Kind::CorruptFirst) && !payload.is_empty() {
+        payload[0] ^= 0xff;
     }
     if hit && matches!(fault.kind, Kind::Truncate) {
         payload.truncate(payload.len() / 2);
@@ -217,9 +223,26 @@ fn reports(r: &Remote) -> usize {
         .len()
 }
 
+/// The `why` of every report on the remote.
+fn report_whys(r: &Remote) -> Vec<String> {
+    let client = r.client().unwrap();
+    client
+        .list(&r.layout().folder("reports"), 100)
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let (body, _) = client.get_small(&m.location, 1 << 16).unwrap();
+            match tcg_cj::parse_strict(&body).unwrap() {
+                Value::Object(o) => o["why"].as_str().unwrap().to_string(),
+                other => panic!("a report is an object, not {other:?}"),
+            }
+        })
+        .collect()
+}
+
 /// The reference published on a fresh bucket (no proxy); `ensure` from a
 /// fresh store through a proxy injecting `fault` must mint locally.
-fn ensure_through(fault: Fault, evidence: bool, dir: &Path) {
+fn ensure_through(fault: Fault, evidence: bool, dir: &Path) -> Arc<Remote> {
     let url = bucket();
     let direct = remote(&url, None);
     let a = Engine::open(dir.join("a"))
@@ -258,6 +281,7 @@ fn ensure_through(fault: Fault, evidence: bool, dir: &Path) {
     assert_eq!(again.resolved.source, Source::Local, "{fault:?}");
     assert_eq!(calls.get(), 1, "{fault:?}");
     assert_eq!(proxy.hits.load(Ordering::SeqCst), before, "{fault:?}");
+    direct
 }
 
 macro_rules! fault_case {
@@ -269,7 +293,7 @@ macro_rules! fault_case {
                 kind: $kind,
                 matching: $matching,
             };
-            ensure_through(fault, $evidence, d.path());
+            let _ = ensure_through(fault, $evidence, d.path());
         }
     };
 }
@@ -322,6 +346,24 @@ fault_case!(
     "/manifests/",
     true
 );
+
+/// The stream hands a chunk's bytes on as they arrive and its last frame
+/// only once the chunk's SHA-256 matches. When the parser refuses bytes
+/// before that, the chunk is read to its end first: the evidence states the
+/// proven fault (the chunk's digest), not the parser's view of unchecked
+/// bytes.
+#[test]
+fn bytes_refused_before_their_chunk_is_checked_are_reported_by_the_check() {
+    let d = tempfile::tempdir().unwrap();
+    let fault = Fault {
+        kind: Kind::CorruptFirst,
+        matching: "/chunks/",
+    };
+    let direct = ensure_through(fault, true, d.path());
+    let whys = report_whys(&direct);
+    assert_eq!(whys.len(), 1, "{whys:?}");
+    assert!(whys[0].contains("has SHA-256"), "{whys:?}");
+}
 
 /// An unreachable remote (nothing listens): a local mint, never a failure.
 #[test]

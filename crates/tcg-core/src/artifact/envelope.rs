@@ -12,9 +12,9 @@ use std::path::Path;
 
 use super::gzip::{GzipReader, GzipWriter};
 use super::limits::*;
-use super::literals::verify_literals;
+use super::literals::{verify_literals, verify_payload_from};
 use super::metadata::{validate_metadata, Metadata};
-use super::package::{verify_package, PackageReport};
+use super::package::{verify_opened, verify_package, Package, PackageReport, ReadSeek};
 use super::tar::{self, BLOCK};
 use crate::error::{Code, Error, Result};
 
@@ -384,6 +384,18 @@ pub trait MemberSink {
     fn bytes(&mut self, data: &[u8]) -> Result<()>;
     /// The current member is complete.
     fn end(&mut self) -> Result<()>;
+    /// Whether this sink keeps the members it receives, so that the checks
+    /// that read a member again (the package's zip, the payload) read the
+    /// sink's copy ([`MemberSink::reopen`]) and nothing is staged as a file.
+    fn keeps(&self) -> bool {
+        false
+    }
+    /// The kept bytes of `member`, after its `end`: `None` when this sink
+    /// keeps nothing.
+    fn reopen(&mut self, member: &'static str) -> Result<Option<(Box<dyn ReadSeek>, u64)>> {
+        let _ = member;
+        Ok(None)
+    }
 }
 
 /// A sink that keeps nothing.
@@ -402,7 +414,7 @@ impl MemberSink for NoSink {
 }
 
 /// The full reader (§6.6 steps 2–8) over `input`, staging the members as
-/// files in the existing directory `stage`. `admission` runs as soon as the
+/// files in the existing directory `stage` (none when `sink` keeps them). `admission` runs as soon as the
 /// metadata is validated, before any byte of `model.pt2` is read. Members are
 /// not fsynced. On failure the caller removes the stage.
 pub fn read_envelope<R: Read>(
@@ -424,9 +436,11 @@ pub fn read_envelope_into<R: Read>(
     let bytes = metadata_bytes(&mut t)?;
     let size = bytes.len() as u64;
     let metadata = validate_metadata(&bytes, None)?;
-    let mut f = create_member(stage, METADATA_MEMBER)?;
-    write_member(&mut f, stage, METADATA_MEMBER, &bytes)?;
-    drop(f);
+    let staged = !sink.keeps();
+    if staged {
+        let mut f = create_member(stage, METADATA_MEMBER)?;
+        write_member(&mut f, stage, METADATA_MEMBER, &bytes)?;
+    }
     admission(&metadata)?;
     sink.begin(METADATA_MEMBER)?;
     sink.bytes(&bytes)?;
@@ -434,10 +448,14 @@ pub fn read_envelope_into<R: Read>(
     // model.pt2
     let package_bytes = t.header(PACKAGE_MEMBER, true)?.expect("required");
     check_sizes(&[(METADATA_MEMBER, size), (PACKAGE_MEMBER, package_bytes)])?;
-    let mut f = create_member(stage, PACKAGE_MEMBER)?;
+    let mut f = staged
+        .then(|| create_member(stage, PACKAGE_MEMBER))
+        .transpose()?;
     sink.begin(PACKAGE_MEMBER)?;
     t.data(PACKAGE_MEMBER, package_bytes, &mut |b| {
-        write_member(&mut f, stage, PACKAGE_MEMBER, b)?;
+        if let Some(f) = f.as_mut() {
+            write_member(f, stage, PACKAGE_MEMBER, b)?;
+        }
         sink.bytes(b)
     })?;
     sink.end()?;
@@ -451,10 +469,14 @@ pub fn read_envelope_into<R: Read>(
                 (PACKAGE_MEMBER, package_bytes),
                 (LITERALS_MEMBER, n),
             ])?;
-            let mut f = create_member(stage, LITERALS_MEMBER)?;
+            let mut f = staged
+                .then(|| create_member(stage, LITERALS_MEMBER))
+                .transpose()?;
             sink.begin(LITERALS_MEMBER)?;
             t.data(LITERALS_MEMBER, n, &mut |b| {
-                write_member(&mut f, stage, LITERALS_MEMBER, b)?;
+                if let Some(f) = f.as_mut() {
+                    write_member(f, stage, LITERALS_MEMBER, b)?;
+                }
                 sink.bytes(b)
             })?;
             sink.end()?;
@@ -479,9 +501,24 @@ pub fn read_envelope_into<R: Read>(
     let (tar_bytes, compressed_bytes) = t.finish()?;
     metadata.check_has_literals(literals_bytes.is_some())?;
     // Step 8: the package and the literal payload.
-    let package = verify_package(&stage.join(PACKAGE_MEMBER), &metadata)?;
+    let package = match sink.reopen(PACKAGE_MEMBER)? {
+        Some((source, len)) => verify_opened(Package::from_source(source, len)?, &metadata)?,
+        None => verify_package(&stage.join(PACKAGE_MEMBER), &metadata)?,
+    };
     let lit_path = stage.join(LITERALS_MEMBER);
-    verify_literals(literals_bytes.map(|_| lit_path.as_path()), &metadata)?;
+    match (literals_bytes, sink.reopen(LITERALS_MEMBER)?) {
+        (Some(_), Some((mut source, len))) => {
+            metadata.check_has_literals(true)?;
+            verify_payload_from(
+                &mut *source,
+                len,
+                Path::new(LITERALS_MEMBER),
+                &metadata.literal_rows(),
+                metadata.literal_values(),
+            )?;
+        }
+        (n, _) => verify_literals(n.map(|_| lit_path.as_path()), &metadata)?,
+    }
     Ok(EnvelopeReport {
         metadata,
         package_bytes,

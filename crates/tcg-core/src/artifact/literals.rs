@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{SeekFrom, Write};
 use std::path::Path;
 
 use tcg_cj::{Map, Value};
@@ -84,6 +84,17 @@ pub fn verify_literals(path: Option<&Path>, metadata: &Metadata) -> Result<()> {
 pub fn verify_payload(path: &Path, rows: &[&ConstantRow], literal_values: &str) -> Result<()> {
     let mut f = File::open(path).map_err(|e| read_err(path, &e))?;
     let size = f.metadata().map_err(|e| read_err(path, &e))?.len();
+    verify_payload_from(&mut f, size, path, rows, literal_values)
+}
+
+/// [`verify_payload`] of `size` bytes read from `f` (named `path` in errors).
+pub fn verify_payload_from(
+    f: &mut dyn super::package::ReadSeek,
+    size: u64,
+    path: &Path,
+    rows: &[&ConstantRow],
+    literal_values: &str,
+) -> Result<()> {
     let mut n8 = [0u8; 8];
     if size < 8 {
         return Err(payload(format_args!(

@@ -219,7 +219,7 @@ impl Engine {
         let file = parse_manifest(&bytes, manifest)?;
         let lease = self.store.lease().map_err(store_err)?;
         let mut stream = EnvelopeStream::new(objects, &file);
-        let ingested = self.ingest_verified(&lease, &mut stream, key, true, None);
+        let ingested = self.ingest_verified(&lease, &mut stream, key, true);
         // Proof that the old store's bytes are not what its manifest names
         // explains whatever the envelope reader made of them, so a refusal
         // reads the rest (bounded by the manifest's size) to find it.

@@ -248,7 +248,7 @@ impl Engine {
         )?;
         let file = File::open(&envelope)
             .map_err(|e| Error::io(format_args!("cannot open {}", envelope.display()), &e))?;
-        let (info, report, stage) = self.ingest_verified(&lease, file, key, true, None)?;
+        let (info, report, stage) = self.ingest_verified(&lease, file, key, true)?;
         let m = info.manifest;
         let result = self.decide(&lease, key, m)?;
         if result.outcome != StoreOutcome::Divergent {

@@ -41,8 +41,9 @@ pub use explain::{
 pub use explain_text::{render_class, render_explanation, render_pair};
 pub use mint::{MintOutput, MintedLiteral};
 pub use remote::{
-    set_warn_hook as set_remote_warn_hook, warn as remote_warn, FailureSlot, Flight,
-    RemoteEnvelope, RemoteError, RemotePublication, RemoteTier, Source, StreamFailure, WarnHook,
+    set_warn_hook as set_remote_warn_hook, warn as remote_warn, EnvelopeStream, FailureSlot,
+    Flight, RemoteEnvelope, RemoteError, RemotePublication, RemoteTier, Source, StreamFailure,
+    WarnHook,
 };
 pub use remote_trust::{LocalRecords, Pulled, RemoteSignature, SignatureRecords, MAX_CANDIDATES};
 pub use signatures::{
@@ -368,20 +369,25 @@ impl StoreStage {
         &self.path
     }
 
-    /// Read and fully verify the envelope `input` into this stage
+    /// Read and fully verify the envelope `input`
     /// ([`crate::artifact::read_envelope_into`]), streaming each member into
-    /// the store as it is staged; once verified, the stage knows the files
-    /// they are stored as ([`StoreStage::stored`]).
+    /// the store; once verified, the stage knows the files they are stored
+    /// as ([`StoreStage::stored`]). With `files`, the members are also
+    /// staged as files in this stage (for a destination); without, nothing
+    /// is written twice: the checks that read a member again read the
+    /// store's copy.
     pub(crate) fn read_envelope(
         &mut self,
         engine: &Engine,
         lease: &tcg_cas::Lease,
         input: impl std::io::Read,
         admission: &mut dyn FnMut(&Metadata) -> Result<()>,
+        files: bool,
     ) -> Result<crate::artifact::EnvelopeReport> {
         let mut members = StoreMembers {
             store: engine.store.clone(),
             lease,
+            keeps: !files,
             current: None,
             done: Vec::new(),
         };
@@ -414,6 +420,8 @@ impl Drop for StoreStage {
 struct StoreMembers<'l> {
     store: tcg_cas::Store,
     lease: &'l tcg_cas::Lease,
+    /// The checks read the stored members (nothing is staged as a file).
+    keeps: bool,
     current: Option<(&'static str, tcg_cas::ChunkedWriter<'l>)>,
     done: Vec<(&'static str, tcg_cas::ManifestInfo)>,
 }
@@ -437,5 +445,27 @@ impl crate::artifact::MemberSink for StoreMembers<'_> {
         let info = w.finish().map_err(store_err)?;
         self.done.push((member, info));
         Ok(())
+    }
+
+    fn keeps(&self) -> bool {
+        self.keeps
+    }
+
+    fn reopen(
+        &mut self,
+        member: &'static str,
+    ) -> Result<Option<(Box<dyn crate::artifact::package::ReadSeek>, u64)>> {
+        if !self.keeps {
+            return Ok(None);
+        }
+        let Some((_, info)) = self.done.iter().find(|(name, _)| *name == member) else {
+            return Ok(None);
+        };
+        let file = self
+            .store
+            .open_stored(self.lease, &info.manifest)
+            .map_err(store_err)?;
+        let len = file.len();
+        Ok(Some((Box::new(file), len)))
     }
 }

@@ -8,11 +8,62 @@ use std::path::Path;
 use tcg_cas::{CasOutcome, ChunkedWriter, Digest, Lease, Target};
 
 use super::resolve::{classify_read, host_facts, Evidence, Verdict};
-use super::{check_key, graph_ref, store_err, Engine, StoreOutcome, StoreResult, StoreStage};
+use super::{
+    check_key, graph_ref, store_err, Engine, EnvelopeStream, StoreOutcome, StoreResult, StoreStage,
+};
 use crate::artifact::envelope::Tee;
 use crate::artifact::metadata::format_of;
 use crate::artifact::{read_metadata_member, EnvelopeReport, Metadata};
 use crate::{Code, Error, Result};
+
+/// What an ingest reads: a plain reader (a file), or a remote's frames.
+enum Input<'a, R> {
+    Reader(R),
+    Frames(&'a mut dyn EnvelopeStream),
+}
+
+/// Keep the store's error for the caller and hand the envelope reader an
+/// I/O error of the same kind (and errno).
+fn sink_failed(slot: &mut Option<Error>, e: tcg_cas::StoreError) -> std::io::Error {
+    let copy = match e.raw_os_error() {
+        Some(n) => std::io::Error::from_raw_os_error(n),
+        None => std::io::Error::other(e.to_string()),
+    };
+    *slot = Some(store_err(e));
+    copy
+}
+
+/// A reader over a remote's frames that hands each frame to `sink` (the
+/// store's writer, which keeps a reference instead of a copy) as it is
+/// taken, then serves reads from it.
+struct FrameTee<'a, F> {
+    frames: &'a mut dyn EnvelopeStream,
+    current: Option<tcg_cas::SharedBytes>,
+    pos: usize,
+    sink: F,
+}
+
+impl<F: FnMut(tcg_cas::SharedBytes) -> std::io::Result<()>> Read for FrameTee<'_, F> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if let Some(frame) = &self.current {
+                let data = (**frame).as_ref();
+                if self.pos < data.len() {
+                    let n = buf.len().min(data.len() - self.pos);
+                    buf[..n].copy_from_slice(&data[self.pos..self.pos + n]);
+                    self.pos += n;
+                    return Ok(n);
+                }
+            }
+            let Some(frame) = self.frames.next_frame()? else {
+                return Ok(0);
+            };
+            (self.sink)(std::sync::Arc::clone(&frame))?;
+            self.current = Some(frame);
+            self.pos = 0;
+        }
+    }
+}
 
 /// Why an incumbent record may be replaced.
 fn replaceable(engine: &Engine, lease: &Lease, key: &str, current: &Digest) -> Result<bool> {
@@ -39,12 +90,34 @@ impl Engine {
     /// Stream `input` (an envelope) into the store while verifying it fully,
     /// staging members in the store's temp area and streaming them into the
     /// store as they go. Returns the manifest and the report; `admission` runs
-    /// on the metadata before any ref is written. `known`: the chunks `input`
-    /// has already checked its bytes against (a remote fetch).
+    /// on the metadata before any ref is written.
     pub(crate) fn ingest_verified(
         &self,
         lease: &Lease,
         input: impl Read,
+        key: &str,
+        admit_host: bool,
+    ) -> Result<(tcg_cas::ManifestInfo, EnvelopeReport, StoreStage)> {
+        self.ingest_input(lease, Input::Reader(input), key, admit_host, None)
+    }
+
+    /// [`Engine::ingest_verified`] of a remote's stream: its frames go to the
+    /// store's writer without a copy, and `known` are the chunks the stream
+    /// checks them against (the writer does not hash them again).
+    pub(crate) fn ingest_frames(
+        &self,
+        lease: &Lease,
+        frames: &mut dyn EnvelopeStream,
+        key: &str,
+        known: Option<&[tcg_cas::Chunk]>,
+    ) -> Result<(tcg_cas::ManifestInfo, EnvelopeReport, StoreStage)> {
+        self.ingest_input(lease, Input::<File>::Frames(frames), key, true, known)
+    }
+
+    fn ingest_input<R: Read>(
+        &self,
+        lease: &Lease,
+        input: Input<'_, R>,
         key: &str,
         admit_host: bool,
         known: Option<&[tcg_cas::Chunk]>,
@@ -72,20 +145,30 @@ impl Engine {
             }
             Ok(())
         };
-        let tee = Tee::new(input, |bytes: &[u8]| {
-            writer.write_all(bytes).map_err(|e| {
-                let kind = e.kind();
-                let errno = e.raw_os_error();
-                sink_error = Some(store_err(tcg_cas::StoreError::from_io(
-                    e, "ingest", "envelope",
-                )));
-                match errno {
-                    Some(n) => std::io::Error::from_raw_os_error(n),
-                    None => std::io::Error::from(kind),
-                }
-            })
-        });
-        let report = stage.read_envelope(self, lease, tee, &mut admission);
+        let report = match input {
+            Input::Reader(r) => {
+                let tee = Tee::new(r, |bytes: &[u8]| {
+                    writer.write_all(bytes).map_err(|e| {
+                        let e = tcg_cas::StoreError::from_io(e, "ingest", "envelope");
+                        sink_failed(&mut sink_error, e)
+                    })
+                });
+                stage.read_envelope(self, lease, tee, &mut admission, false)
+            }
+            Input::Frames(frames) => {
+                let tee = FrameTee {
+                    frames,
+                    current: None,
+                    pos: 0,
+                    sink: |frame| {
+                        writer
+                            .write_shared(frame)
+                            .map_err(|e| sink_failed(&mut sink_error, e))
+                    },
+                };
+                stage.read_envelope(self, lease, tee, &mut admission, false)
+            }
+        };
         if let Some(e) = sink_error {
             return Err(e);
         }
@@ -199,7 +282,7 @@ impl Engine {
             .len();
         crate::artifact::envelope::check_compressed_size(size)?;
         let lease = self.store.lease().map_err(store_err)?;
-        let (info, report, stage) = self.ingest_verified(&lease, file, key, true, None)?;
+        let (info, report, stage) = self.ingest_verified(&lease, file, key, true)?;
         let m = info.manifest;
         let subject = super::subject_of(&report.metadata, &info.file_digest);
         let signatures = self.import_signatures(path, &subject)?;

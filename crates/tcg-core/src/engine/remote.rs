@@ -8,10 +8,9 @@
 //! published locally, and any remote failure is at most a local miss.
 
 use std::fmt;
-use std::io::Read;
 use std::sync::{Arc, Mutex};
 
-use tcg_cas::{Digest, Store};
+use tcg_cas::{Digest, SharedBytes, Store};
 
 use super::admin::Counter;
 use super::remote_trust::{Fetched, SignatureRecords};
@@ -53,16 +52,30 @@ pub enum StreamFailure {
 /// A shared slot the remote's reader fills when its stream fails.
 pub type FailureSlot = Arc<Mutex<Option<StreamFailure>>>;
 
+/// An envelope's bytes as the remote tier streams them: frames in order, as
+/// they arrive. The stream checks every chunk (length and SHA-256) against
+/// the remote manifest and hands out a chunk's last frame only once the
+/// check has passed: a consumer that has every byte of a chunk has proven
+/// bytes. On a failure it records why in its [`FailureSlot`] and errs.
+pub trait EnvelopeStream: Send {
+    /// The next frame; `Ok(None)` at the end of the envelope.
+    fn next_frame(&mut self) -> std::io::Result<Option<SharedBytes>>;
+    /// After the consumer stopped inside a chunk (its parser refused what it
+    /// read): read that chunk to its end so that its check decides whether
+    /// the refused bytes are the remote's (recorded as a failure if not).
+    fn settle(&mut self);
+}
+
 /// An envelope the remote serves for a key, as a stream whose chunks are
 /// checked against the (already verified) remote manifest while it is read.
 pub struct RemoteEnvelope {
     /// The remote manifest the ref names (SHA-256 checked).
     pub manifest: Digest,
     /// The envelope's bytes.
-    pub reader: Box<dyn Read + Send>,
-    /// The chunks `reader` checks every byte against (digest and length)
-    /// before handing it out: the remote manifest's list. The local store
-    /// does not hash them again.
+    pub reader: Box<dyn EnvelopeStream>,
+    /// The chunks `reader` checks its bytes against (digest and length),
+    /// each before handing out its last frame: the remote manifest's list.
+    /// The local store does not hash them again.
     pub chunks: Vec<tcg_cas::Chunk>,
     /// Filled by `reader` when it fails.
     pub failure: FailureSlot,
@@ -322,7 +335,18 @@ impl Engine {
             .split_last()
             .is_some_and(|(last, rest)| rest.iter().all(|c| c.len == step) && last.len <= step);
         let known = canonical.then_some(envelope.chunks.as_slice());
-        let ingested = self.ingest_verified(&lease, envelope.reader, key, true, known);
+        let mut stream = envelope.reader;
+        let ingested = self.ingest_frames(&lease, &mut *stream, key, known);
+        let unsettled = |s: &FailureSlot| s.lock().map(|s| s.is_none()).unwrap_or(false);
+        if let Err(e) = &ingested {
+            // A refusal that would be evidence is only evidence once the
+            // bytes refused are proven the remote's: the stream checks the
+            // chunk the parser stopped in.
+            if !matches!(e.kind(), Kind::Admission | Kind::Io) && unsettled(&failure) {
+                stream.settle();
+            }
+        }
+        drop(stream);
         let recorded = failure.lock().map(|mut s| s.take()).unwrap_or(None);
         let (info, report, stage) = match (ingested, recorded) {
             (Ok((info, report, stage)), _) if info.manifest == envelope_manifest => {

@@ -149,9 +149,14 @@ pub fn layout_of(name: &str) -> Result<Option<Layout>> {
 /// parse, and so its memory, whichever end record it settles on. The budget
 /// is lifted once the archive is open.
 pub struct Budgeted {
-    file: File,
+    file: Box<dyn ReadSeek>,
     left: Rc<Cell<u64>>,
 }
+
+/// What a package can be read from: a file, or the store's copy of one.
+pub trait ReadSeek: Read + Seek {}
+
+impl<T: Read + Seek> ReadSeek for T {}
 
 /// The read budget while opening: the central directory plus the end-record
 /// search region (64 KiB comment, the records, slack).
@@ -204,9 +209,14 @@ impl Package {
             .metadata()
             .map_err(|e| Error::io(format_args!("cannot stat {}", path.display()), &e))?
             .len();
+        Package::from_source(Box::new(file), file_len)
+    }
+
+    /// [`Package::open`] of `file_len` bytes read from `source`.
+    pub fn from_source(source: Box<dyn ReadSeek>, file_len: u64) -> Result<Package> {
         let left = Rc::new(Cell::new(OPEN_BUDGET));
         let budgeted = Budgeted {
-            file,
+            file: source,
             left: Rc::clone(&left),
         };
         let opened = zip::ZipArchive::new(budgeted);
@@ -459,8 +469,13 @@ pub fn parse_constant_table(path: &Path) -> Result<Vec<ConstantRow>> {
 
 /// Verify a package against validated metadata (§8).
 pub fn verify_package(path: &Path, metadata: &Metadata) -> Result<PackageReport> {
-    verify_package_facts(
-        path,
+    verify_opened(Package::open(path)?, metadata)
+}
+
+/// [`verify_package`] of a package already open (from the store, say).
+pub fn verify_opened(pkg: Package, metadata: &Metadata) -> Result<PackageReport> {
+    verify_opened_facts(
+        pkg,
         metadata.name(),
         metadata.constants(),
         &metadata.host_isa().machine,
@@ -478,7 +493,16 @@ pub fn verify_package_facts(
     machine: &str,
     sm: &str,
 ) -> Result<PackageReport> {
-    let mut pkg = Package::open(path)?;
+    verify_opened_facts(Package::open(path)?, name, constants, machine, sm)
+}
+
+fn verify_opened_facts(
+    mut pkg: Package,
+    name: &str,
+    constants: &[ConstantRow],
+    machine: &str,
+    sm: &str,
+) -> Result<PackageReport> {
     let members = pkg.entry_members(Some(name))?;
     // CUDA code in a CPU artifact is refused before any of it is read.
     if let (Some(first), None) = (members.cubins.first(), cubin::sm_number(sm)) {
