@@ -68,8 +68,30 @@ fn one_line(e: &dyn std::error::Error) -> String {
 /// A built client: the store, its runtime and the prefix inside it.
 pub struct Client {
     pub(crate) store: Arc<dyn ObjectStore>,
-    pub(crate) runtime: Runtime,
+    pub(crate) runtime: OwnedRuntime,
     pub(crate) config: RemoteConfig,
+}
+
+/// The client's runtime, shut down without waiting when the client goes:
+/// every call on it has returned by then, and what is left (idle
+/// connections, a cancelled task) needs no wait.
+pub(crate) struct OwnedRuntime(Option<Runtime>);
+
+impl std::ops::Deref for OwnedRuntime {
+    type Target = Runtime;
+    fn deref(&self) -> &Runtime {
+        self.0
+            .as_ref()
+            .expect("the runtime lives as long as its client")
+    }
+}
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// Split `scheme://bucket/prefix` into (`scheme://bucket`, prefix).
@@ -211,7 +233,7 @@ impl Client {
         };
         Ok(Client {
             store,
-            runtime,
+            runtime: OwnedRuntime(Some(runtime)),
             config: config.clone(),
         })
     }
