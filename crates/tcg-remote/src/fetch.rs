@@ -343,26 +343,32 @@ impl ChunkStream {
             let Some(head) = self.pending.front_mut() else {
                 return Ok(None);
             };
-            match head.frames.blocking_recv() {
-                Some(Ok(b)) => {
-                    head.taken += b.len() as u64;
-                    return Ok(Some(b));
-                }
-                Some(Err(f)) => return Err(f),
-                None if head.taken == head.chunk.len => {
-                    // The task sent the last frame only after the check.
-                    self.pending.pop_front();
-                    self.fill();
-                }
-                None => {
-                    return Err(StreamFailure::Transport(format!(
-                        "chunk {} ended after {} of {} bytes",
-                        head.chunk.digest.to_hex(),
-                        head.taken,
-                        head.chunk.len
-                    )))
-                }
+            if let Some(b) = head.next()? {
+                return Ok(Some(b));
             }
+            self.pending.pop_front();
+            self.fill();
+        }
+    }
+}
+
+impl InFlight {
+    /// The chunk's next frame: `Ok(None)` once it is complete (the task
+    /// sent its last frame only after the check).
+    fn next(&mut self) -> Result<Option<Bytes>, StreamFailure> {
+        match self.frames.blocking_recv() {
+            Some(Ok(b)) => {
+                self.taken += b.len() as u64;
+                Ok(Some(b))
+            }
+            Some(Err(f)) => Err(f),
+            None if self.taken == self.chunk.len => Ok(None),
+            None => Err(StreamFailure::Transport(format!(
+                "chunk {} ended after {} of {} bytes",
+                self.chunk.digest.to_hex(),
+                self.taken,
+                self.chunk.len
+            ))),
         }
     }
 }
@@ -397,18 +403,10 @@ impl EnvelopeStream for ChunkStream {
         }
         // The rest of this chunk only: its last frame comes after its check.
         let verdict = loop {
-            match head.frames.blocking_recv() {
-                Some(Ok(b)) => head.taken += b.len() as u64,
-                Some(Err(f)) => break Some(f),
-                None if head.taken == head.chunk.len => break None,
-                None => {
-                    break Some(StreamFailure::Transport(format!(
-                        "chunk {} ended after {} of {} bytes",
-                        head.chunk.digest.to_hex(),
-                        head.taken,
-                        head.chunk.len
-                    )))
-                }
+            match head.next() {
+                Ok(Some(_)) => {}
+                Ok(None) => break None,
+                Err(f) => break Some(f),
             }
         };
         if let Some(f) = verdict {
