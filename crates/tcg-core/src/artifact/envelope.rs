@@ -414,9 +414,10 @@ impl MemberSink for NoSink {
 }
 
 /// The full reader (§6.6 steps 2–8) over `input`, staging the members as
-/// files in the existing directory `stage` (none when `sink` keeps them). `admission` runs as soon as the
-/// metadata is validated, before any byte of `model.pt2` is read. Members are
-/// not fsynced. On failure the caller removes the stage.
+/// files in the existing directory `stage` (none when `sink` keeps them).
+/// `admission` runs as soon as the metadata is validated, before any byte of
+/// `model.pt2` is read. Members are not fsynced. On failure the caller
+/// removes the stage.
 pub fn read_envelope<R: Read>(
     input: R,
     stage: &Path,

@@ -88,9 +88,10 @@ fn replaceable(engine: &Engine, lease: &Lease, key: &str, current: &Digest) -> R
 
 impl Engine {
     /// Stream `input` (an envelope) into the store while verifying it fully,
-    /// staging members in the store's temp area and streaming them into the
-    /// store as they go. Returns the manifest and the report; `admission` runs
-    /// on the metadata before any ref is written.
+    /// streaming its members into the store as they go (nothing is staged as
+    /// a file: the checks that read a member again read the store's copy).
+    /// Returns the manifest and the report; `admission` runs on the metadata
+    /// before any ref is written.
     pub(crate) fn ingest_verified(
         &self,
         lease: &Lease,
