@@ -508,16 +508,14 @@ pub fn read_envelope_into<R: Read>(
     };
     let lit_path = stage.join(LITERALS_MEMBER);
     match (literals_bytes, sink.reopen(LITERALS_MEMBER)?) {
-        (Some(_), Some((mut source, len))) => {
-            metadata.check_has_literals(true)?;
-            verify_payload_from(
-                &mut *source,
-                len,
-                Path::new(LITERALS_MEMBER),
-                &metadata.literal_rows(),
-                metadata.literal_values(),
-            )?;
-        }
+        // Whether the metadata expects a payload was checked just above.
+        (Some(_), Some((mut source, len))) => verify_payload_from(
+            &mut *source,
+            len,
+            Path::new(LITERALS_MEMBER),
+            &metadata.literal_rows(),
+            metadata.literal_values(),
+        )?,
         (n, _) => verify_literals(n.map(|_| lit_path.as_path()), &metadata)?,
     }
     Ok(EnvelopeReport {
