@@ -193,7 +193,19 @@ impl Store {
             size: 0,
             pipe: None,
             failed: false,
+            ended: false,
+            whole_from_start: false,
         }
+    }
+
+    /// A [`ChunkedWriter`] for a file expected to be `size` bytes long: one
+    /// longer than a chunk has its whole-file hash run from byte 0 beside
+    /// the chunks' (instead of after the first chunk's), so that it never
+    /// waits. The hint only schedules work: the file may be of any length.
+    pub fn chunked_writer_sized<'l>(&self, lease: &'l Lease, size: u64) -> ChunkedWriter<'l> {
+        let mut w = self.chunked_writer(lease);
+        w.whole_from_start = size > self.chunk_bytes();
+        w
     }
 
     /// A [`ChunkedWriter`] for bytes the caller has already checked, chunk by
@@ -382,7 +394,7 @@ impl io::Seek for StoredFile {
 /// Work for the sink thread, in stream order.
 enum ToSink {
     /// Bytes of the current chunk.
-    Data(Buf),
+    Data(Piece),
     /// The current chunk, of `len` bytes, is complete.
     Seal { len: u64 },
     /// Reply once everything before has been written (and sealed chunks installed).
@@ -400,30 +412,98 @@ enum ToInstall {
 
 /// Work for the chunk-hash thread, in stream order.
 enum ToHash {
-    Data(Arc<Buf>),
-    /// The current chunk, of `len` bytes, is complete: reply with its digest.
+    Data(Arc<Piece>),
+    /// The current chunk, of `len` bytes, is complete: name its digest.
     Seal {
         len: u64,
     },
 }
 
+/// Work for the whole-file hash thread.
 enum ToWhole {
-    Data(Arc<Buf>),
-    Start(Hasher),
+    Data(Arc<Piece>),
+    /// Hash from byte 0 (known chunks: the first is not hashed here).
+    Fresh,
+    /// Continue from the state of the thread that hashed chunk 1, once it
+    /// has (the data sent after this is chunk 2 on).
+    After(mpsc::Receiver<Hasher>),
+}
+
+/// A chunk's digest as the install thread takes it: decided at its seal
+/// (known chunks), or from the thread hashing it.
+enum ChunkDigest {
+    Known(std::result::Result<Digest, String>),
+    Hashing(mpsc::Receiver<Digest>),
+}
+
+/// Messages a queue between two of the writer's threads holds; what they
+/// hold is bounded by the writer's [`Budget`].
+const QUEUE: usize = 1024;
+
+/// Spare buffers a writer keeps for reuse (1 MiB each).
+const SPARE_BUFFERS: usize = 32;
+
+/// The bytes a writer's buffers hold between the caller and the last of its
+/// threads, at most one chunk's worth (64 MiB): deep enough that one
+/// thread's stall (an fsync, a hash descheduled) does not hold up the
+/// others, and a bound on memory. The caller waits while they are over;
+/// a single larger buffer is let through alone.
+struct Budget {
+    used: std::sync::Mutex<u64>,
+    freed: std::sync::Condvar,
+    cap: u64,
+}
+
+impl Budget {
+    fn acquire(&self, n: u64) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        while *used > 0 && *used + n > self.cap {
+            used = self.freed.wait(used).unwrap_or_else(|p| p.into_inner());
+        }
+        *used += n;
+    }
+
+    fn release(&self, n: u64) {
+        let mut used = self.used.lock().unwrap_or_else(|p| p.into_inner());
+        *used = used.saturating_sub(n);
+        self.freed.notify_all();
+    }
+}
+
+/// A buffer on its way through the writer's threads, counted in its
+/// [`Budget`] until the last of them lets go.
+struct Piece {
+    buf: Buf,
+    budget: Arc<Budget>,
+}
+
+impl std::ops::Deref for Piece {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Piece {
+    fn drop(&mut self) {
+        self.budget.release(self.buf.len() as u64);
+    }
 }
 
 /// Helper threads, so that the caller's thread only fills buffers (or hands
 /// over shared ones): the sink writes each chunk's temp, and an install
 /// thread fsyncs and installs a sealed chunk while the sink writes the next;
-/// beside them, a hash thread hashes each chunk (or, for known chunks, checks
-/// the cut and names the known digest), and a fourth thread hashes the whole
-/// file (from chunk 2 on, continuing chunk 1's state, so a one-chunk file is
-/// hashed once). A buffer is shared by the sink and the two hash threads and
-/// goes back to the caller when the last lets go, so memory stays bounded
-/// (about 32 MiB of buffers, and two sealed chunks awaiting install).
+/// beside them, a thread of its own hashes each chunk (chunks are hashed in
+/// parallel when one falls behind), or, for known chunks, the cut is checked
+/// and the known digest named; and one more thread hashes the whole file
+/// (from chunk 2 on, continuing chunk 1's state, so a one-chunk file is
+/// hashed once). A buffer is shared by the sink and the hash threads and
+/// goes back to the caller when the last lets go; what is queued is bounded
+/// by the [`Budget`] (and two sealed chunks awaiting install).
 struct Pipeline {
     tx: Option<mpsc::SyncSender<ToSink>>,
     back: mpsc::Receiver<Vec<u8>>,
+    budget: Arc<Budget>,
     sink: Option<JoinHandle<Result<Vec<Chunk>>>>,
     hash: Option<JoinHandle<()>>,
     whole: Option<JoinHandle<Option<Digest>>>,
@@ -440,44 +520,100 @@ fn layout_mismatch(store: &Store, why: String) -> StoreError {
 
 /// Give a buffer back to the caller if this was its last holder (a shared
 /// one is released instead).
-fn recycle(buf: Arc<Buf>, back: &mpsc::SyncSender<Vec<u8>>) {
-    if let Some(Buf::Owned(v)) = Arc::into_inner(buf) {
-        let _ = back.try_send(v);
+fn recycle(piece: Arc<Piece>, back: &mpsc::SyncSender<Vec<u8>>) {
+    if let Some(mut piece) = Arc::into_inner(piece) {
+        if let Buf::Owned(v) = &mut piece.buf {
+            let v = std::mem::take(v);
+            let n = v.len() as u64;
+            // The budget counts the bytes until they are handed back.
+            piece.budget.release(n);
+            let _ = back.try_send(v);
+        }
     }
 }
 
-/// The chunk-hash thread: digests in `Seal` order on `digests`.
+/// One chunk's hashing thread: its data in, its digest out (and, for the
+/// first chunk, the hasher's state, which the whole-file hash continues).
+struct ChunkHasher {
+    tx: mpsc::SyncSender<Arc<Piece>>,
+    digest: mpsc::Receiver<Digest>,
+    state: Option<mpsc::Receiver<Hasher>>,
+}
+
+fn spawn_chunk_hasher(first: bool, back: mpsc::SyncSender<Vec<u8>>) -> ChunkHasher {
+    let (tx, rx) = mpsc::sync_channel::<Arc<Piece>>(QUEUE);
+    let (dtx, digest) = mpsc::sync_channel(1);
+    let (stx, state) = if first {
+        let (a, b) = mpsc::sync_channel(1);
+        (Some(a), Some(b))
+    } else {
+        (None, None)
+    };
+    std::thread::spawn(move || {
+        let mut h = Hasher::default();
+        for v in rx {
+            h.update(&v);
+            recycle(v, &back);
+        }
+        if let Some(s) = stx {
+            let _ = s.send(h.clone());
+        }
+        let _ = dtx.send(h.finish());
+    });
+    ChunkHasher { tx, digest, state }
+}
+
+/// The chunk-hash thread: hands each chunk's bytes to a thread of its own
+/// and the digests, in `Seal` order, to `digests`.
 fn hash_chunks(
     rx: mpsc::Receiver<ToHash>,
     whole: mpsc::SyncSender<ToWhole>,
-    digests: mpsc::Sender<std::result::Result<Digest, String>>,
+    digests: mpsc::Sender<ChunkDigest>,
     known: Option<Arc<[Chunk]>>,
+    whole_from_start: bool,
+    back: mpsc::SyncSender<Vec<u8>>,
 ) {
-    let mut hasher = Hasher::default();
+    let mut current: Option<ChunkHasher> = None;
     let mut sealed = 0usize;
     // Known chunks are not hashed again: the whole-file hash then starts at
-    // byte 0 (a one-chunk file's digest is its chunk's).
-    if known.as_ref().is_some_and(|k| k.len() > 1) {
-        let _ = whole.send(ToWhole::Start(Hasher::default()));
+    // byte 0 (a one-chunk file's digest is its chunk's); so it does for a
+    // file expected to be longer than a chunk.
+    let mut whole_on = match &known {
+        Some(k) => k.len() > 1,
+        None => whole_from_start,
+    };
+    if whole_on {
+        let _ = whole.send(ToWhole::Fresh);
     }
     for msg in rx {
         match msg {
             ToHash::Data(v) => {
                 if known.is_none() {
-                    hasher.update(&v);
+                    // Chunk 1's state seeds the whole-file hash unless that runs already.
+                    let seeds = sealed == 0 && !whole_on;
+                    let c = current.get_or_insert_with(|| spawn_chunk_hasher(seeds, back.clone()));
+                    let _ = c.tx.send(Arc::clone(&v));
                 }
-                let _ = whole.send(ToWhole::Data(v));
+                if whole_on {
+                    let _ = whole.send(ToWhole::Data(v));
+                } else {
+                    recycle(v, &back);
+                }
             }
             ToHash::Seal { len } => {
                 let digest = match &known {
-                    None => {
-                        let h = std::mem::take(&mut hasher);
-                        if sealed == 0 {
-                            let _ = whole.send(ToWhole::Start(h.clone()));
+                    None => match current.take() {
+                        Some(c) => {
+                            drop(c.tx);
+                            if let Some(state) = c.state {
+                                whole_on = true;
+                                let _ = whole.send(ToWhole::After(state));
+                            }
+                            ChunkDigest::Hashing(c.digest)
                         }
-                        Ok(h.finish())
-                    }
-                    Some(k) => match k.get(sealed) {
+                        None => ChunkDigest::Known(Err(format!("chunk {sealed} has no bytes"))),
+                    },
+                    Some(k) => ChunkDigest::Known(match k.get(sealed) {
                         Some(c) if c.len == len => Ok(c.digest),
                         Some(c) => Err(format!(
                             "chunk {sealed} is {len} bytes, the known chunk is {} bytes",
@@ -487,7 +623,7 @@ fn hash_chunks(
                             "chunk {sealed} is past the {} known chunks",
                             k.len()
                         )),
-                    },
+                    }),
                 };
                 sealed += 1;
                 let _ = digests.send(digest);
@@ -497,12 +633,22 @@ fn hash_chunks(
 }
 
 impl Pipeline {
-    fn start(store: &Store, lease: &Lease, known: Option<Arc<[Chunk]>>) -> Pipeline {
-        let (tx, rx) = mpsc::sync_channel::<ToSink>(8);
-        let (htx, hrx) = mpsc::sync_channel::<ToHash>(8);
-        let (wtx, wrx) = mpsc::sync_channel::<ToWhole>(8);
-        let (dtx, drx) = mpsc::channel::<std::result::Result<Digest, String>>();
-        let (btx, back) = mpsc::sync_channel::<Vec<u8>>(8);
+    fn start(
+        store: &Store,
+        lease: &Lease,
+        known: Option<Arc<[Chunk]>>,
+        whole_from_start: bool,
+    ) -> Pipeline {
+        let (tx, rx) = mpsc::sync_channel::<ToSink>(QUEUE);
+        let (htx, hrx) = mpsc::sync_channel::<ToHash>(QUEUE);
+        let (wtx, wrx) = mpsc::sync_channel::<ToWhole>(QUEUE);
+        let (dtx, drx) = mpsc::channel::<ChunkDigest>();
+        let (btx, back) = mpsc::sync_channel::<Vec<u8>>(SPARE_BUFFERS);
+        let budget = Arc::new(Budget {
+            used: std::sync::Mutex::new(0),
+            freed: std::sync::Condvar::new(),
+            cap: store.chunk_bytes(),
+        });
         let store = store.clone();
         let core = Arc::clone(lease.core());
         let sink_back = btx.clone();
@@ -517,8 +663,14 @@ impl Pipeline {
                 match msg {
                     ToInstall::Chunk(t, len) => {
                         let digest = match drx.recv() {
-                            Ok(Ok(d)) => d,
-                            Ok(Err(why)) => return Err(layout_mismatch(&install_store, why)),
+                            Ok(ChunkDigest::Known(Ok(d))) => d,
+                            Ok(ChunkDigest::Known(Err(why))) => {
+                                return Err(layout_mismatch(&install_store, why))
+                            }
+                            Ok(ChunkDigest::Hashing(rx)) => match rx.recv() {
+                                Ok(d) => d,
+                                Err(_) => panic!("store chunk hash thread ended early"),
+                            },
                             Err(_) => panic!("store hash thread ended early"),
                         };
                         install_store.install_temp(&install_core, t, &digest, len)?;
@@ -584,7 +736,10 @@ impl Pipeline {
             written?;
             installed
         });
-        let hash = std::thread::spawn(move || hash_chunks(hrx, wtx, dtx, known));
+        let hash_back = btx.clone();
+        let hash = std::thread::spawn(move || {
+            hash_chunks(hrx, wtx, dtx, known, whole_from_start, hash_back)
+        });
         let whole = std::thread::spawn(move || {
             let mut h: Option<Hasher> = None;
             for msg in wrx {
@@ -595,7 +750,9 @@ impl Pipeline {
                         }
                         recycle(v, &btx);
                     }
-                    ToWhole::Start(s) => h = Some(s),
+                    ToWhole::Fresh => h = Some(Hasher::default()),
+                    // None only when chunk 1's thread died (its panic is reported).
+                    ToWhole::After(state) => h = state.recv().ok(),
                 }
             }
             h.map(Hasher::finish)
@@ -603,6 +760,7 @@ impl Pipeline {
         Pipeline {
             tx: Some(tx),
             back,
+            budget,
             sink: Some(sink),
             hash: Some(hash),
             whole: Some(whole),
@@ -632,8 +790,10 @@ impl Pipeline {
 
 /// Streaming writer of one file (`impl Write`): cuts 64 MiB chunks from offset
 /// 0, installs each as an object pinned in the lease, and on [`finish`]
-/// installs the manifest. Memory is bounded (about 32 MiB). Writing, fsync and
-/// install of chunk objects, and the whole-file hash, run on helper threads.
+/// installs the manifest. Memory is bounded: at most one chunk's worth of
+/// bytes (64 MiB) queued for the helper threads, and up to 32 spare 1 MiB
+/// buffers. Writing, fsync and install of chunk objects, and the hashes, run
+/// on helper threads.
 /// Dropping it without `finish` discards the partial chunk; installed chunks
 /// stay pinned until the lease ends and are then garbage.
 ///
@@ -654,6 +814,10 @@ pub struct ChunkedWriter<'l> {
     size: u64,
     pipe: Option<Pipeline>,
     failed: bool,
+    /// [`ChunkedWriter::end_input`] was called.
+    ended: bool,
+    /// Hash the whole file from byte 0 beside the chunks.
+    whole_from_start: bool,
 }
 
 impl std::fmt::Debug for ChunkedWriter<'_> {
@@ -696,6 +860,14 @@ impl ChunkedWriter<'_> {
         }
     }
 
+    /// Send bytes of the current chunk, once the writer's queues have room
+    /// for them (its [`Budget`]).
+    fn send_data(&mut self, buf: Buf) -> Result<()> {
+        let budget = Arc::clone(&self.pipe.as_ref().expect("pipeline started").budget);
+        budget.acquire(buf.len() as u64);
+        self.send(ToSink::Data(Piece { buf, budget }))
+    }
+
     fn poisoned(&self) -> StoreError {
         StoreError::Io {
             op: "write after failure",
@@ -709,7 +881,12 @@ impl ChunkedWriter<'_> {
             return Ok(());
         }
         if self.pipe.is_none() {
-            self.pipe = Some(Pipeline::start(&self.store, self.lease, self.known.clone()));
+            self.pipe = Some(Pipeline::start(
+                &self.store,
+                self.lease,
+                self.known.clone(),
+                self.whole_from_start,
+            ));
         }
         self.chunk_len += self.filled as u64;
         let spare = self
@@ -724,7 +901,7 @@ impl ChunkedWriter<'_> {
         let mut data = std::mem::replace(&mut self.buf, spare);
         data.truncate(self.filled);
         self.filled = 0;
-        self.send(ToSink::Data(Buf::Owned(data)))?;
+        self.send_data(Buf::Owned(data))?;
         if self.chunk_len == self.store.chunk_bytes() {
             self.seal_chunk()?;
         }
@@ -747,6 +924,21 @@ impl ChunkedWriter<'_> {
         Ok(())
     }
 
+    /// [`ChunkedWriter::guard`] for bytes: none after
+    /// [`ChunkedWriter::end_input`] (a refused write fails the writer).
+    fn guard_input(&mut self) -> Result<()> {
+        self.guard()?;
+        if self.ended {
+            self.failed = true;
+            return Err(StoreError::Io {
+                op: "write after the end of input",
+                path: self.store.dir("tmp"),
+                source: io::Error::other("bytes after the chunked writer's input ended"),
+            });
+        }
+        Ok(())
+    }
+
     fn after(&mut self, r: Result<()>) -> Result<()> {
         if r.is_err() {
             self.failed = true;
@@ -755,7 +947,7 @@ impl ChunkedWriter<'_> {
     }
 
     fn accept(&mut self, data: &[u8]) -> Result<usize> {
-        self.guard()?;
+        self.guard_input()?;
         let mut off = 0;
         while off < data.len() {
             let n = self.room().min(data.len() - off);
@@ -780,11 +972,16 @@ impl ChunkedWriter<'_> {
         if len < SHARE_MIN {
             return self.accept((*data).as_ref()).map(drop);
         }
-        self.guard()?;
+        self.guard_input()?;
         let r = self.flush_buf();
         self.after(r)?;
         if self.pipe.is_none() {
-            self.pipe = Some(Pipeline::start(&self.store, self.lease, self.known.clone()));
+            self.pipe = Some(Pipeline::start(
+                &self.store,
+                self.lease,
+                self.known.clone(),
+                self.whole_from_start,
+            ));
         }
         let step = self.store.chunk_bytes();
         let mut off = 0;
@@ -793,7 +990,7 @@ impl ChunkedWriter<'_> {
             let n = to_edge.min(len - off);
             self.chunk_len += n as u64;
             self.size += n as u64;
-            let r = self.send(ToSink::Data(Buf::Shared(Arc::clone(&data), off..off + n)));
+            let r = self.send_data(Buf::Shared(Arc::clone(&data), off..off + n));
             self.after(r)?;
             off += n;
             if self.chunk_len == step {
@@ -804,10 +1001,22 @@ impl ChunkedWriter<'_> {
         Ok(())
     }
 
+    /// The input has ended: seal the chunk in progress now, so that its
+    /// fsync and install run while the caller finishes other work;
+    /// [`ChunkedWriter::finish`] then only waits for them. Bytes written
+    /// after this are refused.
+    pub fn end_input(&mut self) -> Result<()> {
+        self.guard()?;
+        let r = self.flush_buf().and_then(|()| self.seal_chunk());
+        self.after(r)?;
+        self.ended = true;
+        Ok(())
+    }
+
     /// Copy all of `reader` into the file, reading straight into the writer's
     /// buffer. Returns the number of bytes copied.
     pub fn copy_from(&mut self, reader: &mut impl Read) -> Result<u64> {
-        self.guard()?;
+        self.guard_input()?;
         let mut total = 0u64;
         loop {
             let room = self.room();

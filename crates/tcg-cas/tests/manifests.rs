@@ -88,6 +88,36 @@ fn a_writer_of_known_chunks_stores_what_hashing_would_and_refuses_another_layout
 }
 
 #[test]
+fn a_writer_refuses_bytes_after_the_end_of_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_store(&dir.path().join("s"));
+    let lease = store.lease().unwrap();
+    let data = bytes(31, SMALL_CHUNK as usize + 9);
+    let hashed = store.ingest_reader(&lease, &data[..]).unwrap();
+    for shared in [false, true] {
+        let mut w = store.chunked_writer(&lease);
+        w.write_all(&data).unwrap();
+        w.end_input().unwrap();
+        // Announcing it again changes nothing.
+        w.end_input().unwrap();
+        let refused = if shared {
+            w.write_shared(std::sync::Arc::new(vec![7u8; 100 << 10]))
+                .is_err()
+        } else {
+            let e = w.write_all(b"x").unwrap_err();
+            store_error_of(&e).is_some()
+        };
+        assert!(refused, "shared: {shared}");
+        assert!(w.finish().is_err(), "a refused write poisons the writer");
+        // Without the extra bytes the writer stores exactly the input.
+        let mut w = store.chunked_writer(&lease);
+        w.write_all(&data).unwrap();
+        w.end_input().unwrap();
+        assert_eq!(w.finish().unwrap(), hashed);
+    }
+}
+
+#[test]
 fn a_stored_file_reads_and_seeks_across_its_chunks() {
     use std::io::{Seek, SeekFrom};
     let dir = tempfile::tempdir().unwrap();
@@ -323,13 +353,17 @@ proptest::proptest! {
 
     /// Shared frames (kept by reference, cut at chunk edges) and copied
     /// writes, in any mix and any sizes, store what one copied write would,
-    /// with or without the chunk digests known in advance.
+    /// with or without the chunk digests known in advance, whatever size the
+    /// writer was told to expect, and with or without the input's end
+    /// announced before `finish`.
     #[test]
     fn shared_frames_store_what_copied_bytes_would(
         len in 0usize..(400 << 10),
         cuts in proptest::collection::vec(1usize..(150 << 10), 1..12),
         seed in proptest::prelude::any::<u64>(),
         known in proptest::prelude::any::<bool>(),
+        hint in proptest::option::of(0u64..(800 << 10)),
+        end_early in proptest::prelude::any::<bool>(),
     ) {
         let dir = tempfile::tempdir().unwrap();
         let store = small_store(&dir.path().join("s"));
@@ -337,10 +371,10 @@ proptest::proptest! {
         let data = bytes(seed, len);
         let hashed = store.ingest_reader(&lease, &data[..]).unwrap();
         let chunks = store.load_manifest(&lease, &hashed.manifest).unwrap().chunks;
-        let mut w = if known {
-            store.chunked_writer_known(&lease, &chunks)
-        } else {
-            store.chunked_writer(&lease)
+        let mut w = match (known, hint) {
+            (true, _) => store.chunked_writer_known(&lease, &chunks),
+            (false, Some(size)) => store.chunked_writer_sized(&lease, size),
+            (false, None) => store.chunked_writer(&lease),
         };
         let (mut off, mut i) = (0, 0);
         while off < data.len() {
@@ -353,6 +387,9 @@ proptest::proptest! {
             }
             off += n;
             i += 1;
+        }
+        if end_early {
+            w.end_input().unwrap();
         }
         proptest::prop_assert_eq!(w.finish().unwrap(), hashed);
     }

@@ -116,13 +116,14 @@ pub fn open_manifest(
     let Some(manifest) = read_manifest(client, layout, m)? else {
         return Ok(None);
     };
-    // A missing chunk is a miss, found before any byte is streamed.
-    let paths = manifest
-        .chunks
-        .iter()
-        .map(|c| layout.chunk(&c.digest))
-        .collect();
-    for (c, head) in manifest.chunks.iter().zip(client.head_all(paths)) {
+    // The first GETs start at once; every chunk's presence and size are
+    // checked meanwhile, so a missing chunk is still a miss found before
+    // any byte is handed out (dropping the stream stops its GETs).
+    let failure: FailureSlot = Arc::new(Mutex::new(None));
+    let chunks = manifest.chunks.clone();
+    let reader = ChunkStream::new(client, layout, manifest, Arc::clone(&failure));
+    let paths = chunks.iter().map(|c| layout.chunk(&c.digest)).collect();
+    for (c, head) in chunks.iter().zip(client.head_all(paths)) {
         match head {
             Ok(meta) if meta.size == c.len => {}
             Ok(meta) => {
@@ -140,9 +141,6 @@ pub fn open_manifest(
             Err(f) => return Err(unavailable("checking a chunk", f)),
         }
     }
-    let failure: FailureSlot = Arc::new(Mutex::new(None));
-    let chunks = manifest.chunks.clone();
-    let reader = ChunkStream::new(client, layout, manifest, Arc::clone(&failure));
     Ok(Some(RemoteEnvelope {
         manifest: *m,
         reader: Box::new(reader),

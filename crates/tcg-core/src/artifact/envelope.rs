@@ -378,8 +378,8 @@ fn write_member(file: &mut File, stage: &Path, name: &str, bytes: &[u8]) -> Resu
 /// verified, instead of reading the staged files back afterwards. What a sink
 /// receives is unverified until [`read_envelope_into`] returns `Ok`.
 pub trait MemberSink {
-    /// A member starts.
-    fn begin(&mut self, member: &'static str) -> Result<()>;
+    /// A member of `size` bytes (its tar header's, checked) starts.
+    fn begin(&mut self, member: &'static str, size: u64) -> Result<()>;
     /// The next bytes of the current member.
     fn bytes(&mut self, data: &[u8]) -> Result<()>;
     /// The current member is complete.
@@ -402,7 +402,7 @@ pub trait MemberSink {
 struct NoSink;
 
 impl MemberSink for NoSink {
-    fn begin(&mut self, _: &'static str) -> Result<()> {
+    fn begin(&mut self, _: &'static str, _: u64) -> Result<()> {
         Ok(())
     }
     fn bytes(&mut self, _: &[u8]) -> Result<()> {
@@ -443,7 +443,7 @@ pub fn read_envelope_into<R: Read>(
         write_member(&mut f, stage, METADATA_MEMBER, &bytes)?;
     }
     admission(&metadata)?;
-    sink.begin(METADATA_MEMBER)?;
+    sink.begin(METADATA_MEMBER, size)?;
     sink.bytes(&bytes)?;
     sink.end()?;
     // model.pt2
@@ -452,7 +452,7 @@ pub fn read_envelope_into<R: Read>(
     let mut f = staged
         .then(|| create_member(stage, PACKAGE_MEMBER))
         .transpose()?;
-    sink.begin(PACKAGE_MEMBER)?;
+    sink.begin(PACKAGE_MEMBER, package_bytes)?;
     t.data(PACKAGE_MEMBER, package_bytes, &mut |b| {
         if let Some(f) = f.as_mut() {
             write_member(f, stage, PACKAGE_MEMBER, b)?;
@@ -473,7 +473,7 @@ pub fn read_envelope_into<R: Read>(
             let mut f = staged
                 .then(|| create_member(stage, LITERALS_MEMBER))
                 .transpose()?;
-            sink.begin(LITERALS_MEMBER)?;
+            sink.begin(LITERALS_MEMBER, n)?;
             t.data(LITERALS_MEMBER, n, &mut |b| {
                 if let Some(f) = f.as_mut() {
                     write_member(f, stage, LITERALS_MEMBER, b)?;

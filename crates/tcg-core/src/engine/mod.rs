@@ -427,8 +427,8 @@ struct StoreMembers<'l> {
 }
 
 impl crate::artifact::MemberSink for StoreMembers<'_> {
-    fn begin(&mut self, member: &'static str) -> Result<()> {
-        self.current = Some((member, self.store.chunked_writer(self.lease)));
+    fn begin(&mut self, member: &'static str, size: u64) -> Result<()> {
+        self.current = Some((member, self.store.chunked_writer_sized(self.lease, size)));
         Ok(())
     }
 

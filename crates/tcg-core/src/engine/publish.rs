@@ -40,10 +40,14 @@ struct FrameTee<'a, F> {
     frames: &'a mut dyn EnvelopeStream,
     current: Option<tcg_cas::SharedBytes>,
     pos: usize,
+    /// Each frame, then `None` once the frames have ended.
     sink: F,
 }
 
-impl<F: FnMut(tcg_cas::SharedBytes) -> std::io::Result<()>> Read for FrameTee<'_, F> {
+impl<F> Read for FrameTee<'_, F>
+where
+    F: FnMut(Option<tcg_cas::SharedBytes>) -> std::io::Result<()>,
+{
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         loop {
             if let Some(frame) = &self.current {
@@ -56,9 +60,10 @@ impl<F: FnMut(tcg_cas::SharedBytes) -> std::io::Result<()>> Read for FrameTee<'_
                 }
             }
             let Some(frame) = self.frames.next_frame()? else {
+                (self.sink)(None)?;
                 return Ok(0);
             };
-            (self.sink)(std::sync::Arc::clone(&frame))?;
+            (self.sink)(Some(std::sync::Arc::clone(&frame)))?;
             self.current = Some(frame);
             self.pos = 0;
         }
@@ -162,9 +167,13 @@ impl Engine {
                     current: None,
                     pos: 0,
                     sink: |frame| {
-                        writer
-                            .write_shared(frame)
-                            .map_err(|e| sink_failed(&mut sink_error, e))
+                        // At the end, the last chunk is sealed at once: its
+                        // fsync runs while the checks finish.
+                        match frame {
+                            Some(f) => writer.write_shared(f),
+                            None => writer.end_input(),
+                        }
+                        .map_err(|e| sink_failed(&mut sink_error, e))
                     },
                 };
                 stage.read_envelope(self, lease, tee, &mut admission, false)

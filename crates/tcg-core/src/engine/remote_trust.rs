@@ -348,6 +348,12 @@ impl Engine {
             }
             return Ok(out);
         }
+        // The signature records are listed while the artifact streams: one
+        // listing, wasted on a miss, which does not wait for it.
+        let listing = {
+            let (remote, key) = (std::sync::Arc::clone(&remote), key.to_string());
+            std::thread::spawn(move || remote.signature_records(&key, None))
+        };
         if !self.fetch_remote(key) {
             return Ok(out);
         }
@@ -355,7 +361,11 @@ impl Engine {
         let Some((manifest, subject)) = self.stored_subject(key)? else {
             return Ok(out);
         };
-        let found = match remote.signature_records(key, None) {
+        let listed = match listing.join() {
+            Ok(l) => l,
+            Err(p) => std::panic::resume_unwind(p),
+        };
+        let found = match listed {
             Ok(f) => f,
             Err(e) => {
                 warn(format_args!("{key}: listing signatures: {e}"));
