@@ -861,9 +861,17 @@ impl ChunkedWriter<'_> {
     }
 
     /// Send bytes of the current chunk, once the writer's queues have room
-    /// for them (its [`Budget`]).
+    /// for them (its [`Budget`]); the first bytes start the threads.
     fn send_data(&mut self, buf: Buf) -> Result<()> {
-        let budget = Arc::clone(&self.pipe.as_ref().expect("pipeline started").budget);
+        let pipe = self.pipe.get_or_insert_with(|| {
+            Pipeline::start(
+                &self.store,
+                self.lease,
+                self.known.clone(),
+                self.whole_from_start,
+            )
+        });
+        let budget = Arc::clone(&pipe.budget);
         budget.acquire(buf.len() as u64);
         self.send(ToSink::Data(Piece { buf, budget }))
     }
@@ -879,14 +887,6 @@ impl ChunkedWriter<'_> {
     fn flush_buf(&mut self) -> Result<()> {
         if self.filled == 0 {
             return Ok(());
-        }
-        if self.pipe.is_none() {
-            self.pipe = Some(Pipeline::start(
-                &self.store,
-                self.lease,
-                self.known.clone(),
-                self.whole_from_start,
-            ));
         }
         self.chunk_len += self.filled as u64;
         let spare = self
@@ -975,14 +975,6 @@ impl ChunkedWriter<'_> {
         self.guard_input()?;
         let r = self.flush_buf();
         self.after(r)?;
-        if self.pipe.is_none() {
-            self.pipe = Some(Pipeline::start(
-                &self.store,
-                self.lease,
-                self.known.clone(),
-                self.whole_from_start,
-            ));
-        }
         let step = self.store.chunk_bytes();
         let mut off = 0;
         while off < len {

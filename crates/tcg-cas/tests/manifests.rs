@@ -100,14 +100,15 @@ fn a_writer_refuses_bytes_after_the_end_of_its_input() {
         w.end_input().unwrap();
         // Announcing it again changes nothing.
         w.end_input().unwrap();
-        let refused = if shared {
+        let code = if shared {
             w.write_shared(std::sync::Arc::new(vec![7u8; 100 << 10]))
-                .is_err()
+                .unwrap_err()
+                .code()
         } else {
             let e = w.write_all(b"x").unwrap_err();
-            store_error_of(&e).is_some()
+            store_error_of(&e).unwrap().code()
         };
-        assert!(refused, "shared: {shared}");
+        assert_eq!(code, "io.error", "shared: {shared}");
         assert!(w.finish().is_err(), "a refused write poisons the writer");
         // Without the extra bytes the writer stores exactly the input.
         let mut w = store.chunked_writer(&lease);
