@@ -282,11 +282,9 @@ def big_envelope(tmp_path: Path, mib: int) -> Path:
     return out
 
 
-def test_a_manifest_stating_another_file_digest_over_intact_chunks_is_never_served(
+def test_a_record_of_several_chunks_is_served_a_missing_chunk_is_a_miss_and_a_false_file_digest_is_reported(
     fleet: str, moto: Moto, tmp_path: Path
 ) -> None:
-    # Every chunk of this 2-chunk record is intact and matches its digest, but the manifest
-    # states another whole-file SHA-256: proof that the record is bad, reported, never served.
     a = engine(tmp_path / "a", fleet)
     a.import_artifact(REFERENCE_KEY, big_envelope(tmp_path, 70))
     out = cli("push", "--cas-root", str(tmp_path / "a"), "--remote", fleet, REFERENCE_KEY, env={})
@@ -294,16 +292,43 @@ def test_a_manifest_stating_another_file_digest_over_intact_chunks_is_never_serv
     record = json.loads(raw_get(moto, fleet, f"refs/{REFERENCE_KEY}"))
     manifest = json.loads(raw_get(moto, fleet, f"manifests/sha256/{record['manifest'][7:]}"))
     assert len(manifest["chunks"]) == 2
+
+    # Whole: fetched chunk by chunk (the whole-file hash continues from the first chunk's
+    # check), the same manifest as the remote's, the members as the publisher's.
+    b = engine(tmp_path / "b", fleet)
+    got = b.resolve(REFERENCE_KEY, tmp_path / "g0")
+    assert got is not None and got.source == "remote"
+    assert f"sha256:{got.manifest}" == record["manifest"]
+    mine = a.resolve(REFERENCE_KEY, tmp_path / "mine")
+    assert mine is not None and mine.manifest == got.manifest
+    for member in ("model.pt2", "metadata.json"):
+        assert (tmp_path / "g0" / member).read_bytes() == (tmp_path / "mine" / member).read_bytes()
+
+    # The second chunk missing: a miss (no report, no error), the first chunk's bytes unused.
+    bucket, root = split(fleet)
+    digest = manifest["chunks"][1]["digest"][7:]
+    second = f"{root}/chunks/sha256/{digest[:2]}/{digest}"
+    kept = s3(moto).get_object(Bucket=bucket, Key=second)["Body"].read()
+    s3(moto).delete_object(Bucket=bucket, Key=second)
+    c = engine(tmp_path / "c", fleet)
+    assert c.resolve(REFERENCE_KEY, tmp_path / "g1") is None
+    stats = c.stats()
+    assert (stats["remote_misses"], stats["remote_errors"], stats["remote_reports"]) == (1, 0, 0)
+    assert not (tmp_path / "g1").exists()
+    s3(moto).put_object(Bucket=bucket, Key=second, Body=kept)
+
+    # Every chunk intact and matching its digest, but the manifest states another whole-file
+    # SHA-256: proof that the record is bad, reported, never served.
     manifest["digest"] = "sha256:" + hashlib.sha256(b"not the file").hexdigest()
     lie = json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
     lie_name = hashlib.sha256(lie).hexdigest()
     raw_put(moto, fleet, f"manifests/sha256/{lie_name}", lie)
     record["manifest"] = f"sha256:{lie_name}"
     raw_put(moto, fleet, f"refs/{REFERENCE_KEY}", json.dumps(record, separators=(",", ":"), sort_keys=True).encode())
-    b = engine(tmp_path / "b", fleet)
-    assert b.resolve(REFERENCE_KEY, tmp_path / "g") is None
+    d = engine(tmp_path / "d", fleet)
+    assert d.resolve(REFERENCE_KEY, tmp_path / "g") is None
     assert not (tmp_path / "g").exists()
-    stats = b.stats()
+    stats = d.stats()
     assert stats["remote_hits"] == 0 and stats["remote_reports"] == 1
     assert len(list_names(moto, fleet, "reports")) == 1
 

@@ -62,6 +62,9 @@ pub fn name_hash(name: &str) -> String {
 pub(crate) struct Hasher(Sha256);
 
 impl Hasher {
+    pub(crate) fn from_state(state: Sha256) -> Hasher {
+        Hasher(state)
+    }
     pub(crate) fn update(&mut self, b: &[u8]) {
         self.0.update(b);
     }

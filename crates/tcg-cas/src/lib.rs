@@ -47,7 +47,8 @@ pub use gc::{GcOptions, GcReport, StoreStats};
 pub use lease::Lease;
 pub use lock::NamedLock;
 pub use manifest::{
-    Chunk, ChunkedReader, ChunkedWriter, Manifest, ManifestInfo, SharedBytes, StoredFile,
+    first_chunk_channel, Chunk, ChunkedReader, ChunkedWriter, FirstChunkSender, FirstChunkState,
+    Manifest, ManifestInfo, SharedBytes, StoredFile,
 };
 pub use materialize::{MaterializeMethod, MaterializeReport};
 pub use object::ObjectReader;

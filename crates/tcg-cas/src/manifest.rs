@@ -195,6 +195,7 @@ impl Store {
             failed: false,
             ended: false,
             whole_from_start: false,
+            first_state: None,
         }
     }
 
@@ -427,6 +428,48 @@ enum ToWhole {
     /// Continue from the state of the thread that hashed chunk 1, once it
     /// has (the data sent after this is chunk 2 on).
     After(mpsc::Receiver<Hasher>),
+    /// Continue from a state handed over with known chunks, once it comes,
+    /// if it is the state of the known first chunk (the data sent after
+    /// this is chunk 2 on).
+    AfterKnown(mpsc::Receiver<Hasher>, Digest),
+}
+
+/// The SHA-256 state after the first chunk of a file, handed over by whoever
+/// hashed and checked that chunk ([`first_chunk_channel`]): a writer of known
+/// chunks continues its whole-file hash from it
+/// ([`ChunkedWriter::continue_from`]) instead of hashing the first chunk
+/// again. A state that does not finish to the first known chunk's digest is
+/// not used, and the writer then fails at `finish` (nothing is installed
+/// under a digest it did not compute or check).
+pub struct FirstChunkState(mpsc::Receiver<Hasher>);
+
+/// Where the state after the first chunk is sent, once that chunk is checked.
+pub struct FirstChunkSender(mpsc::SyncSender<Hasher>);
+
+/// A channel for the SHA-256 state after a file's first chunk.
+pub fn first_chunk_channel() -> (FirstChunkSender, FirstChunkState) {
+    let (tx, rx) = mpsc::sync_channel(1);
+    (FirstChunkSender(tx), FirstChunkState(rx))
+}
+
+impl FirstChunkSender {
+    /// Hand over `state`: SHA-256 updated with exactly the first chunk's
+    /// bytes, not finalized.
+    pub fn send(self, state: sha2::Sha256) {
+        let _ = self.0.send(Hasher::from_state(state));
+    }
+}
+
+impl std::fmt::Debug for FirstChunkState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FirstChunkState")
+    }
+}
+
+impl std::fmt::Debug for FirstChunkSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FirstChunkSender")
+    }
 }
 
 /// A chunk's digest as the install thread takes it: decided at its seal
@@ -571,15 +614,20 @@ fn hash_chunks(
     digests: mpsc::Sender<ChunkDigest>,
     known: Option<Arc<[Chunk]>>,
     whole_from_start: bool,
+    mut first_state: Option<FirstChunkState>,
     back: mpsc::SyncSender<Vec<u8>>,
 ) {
     let mut current: Option<ChunkHasher> = None;
     let mut sealed = 0usize;
     // Known chunks are not hashed again: the whole-file hash then starts at
-    // byte 0 (a one-chunk file's digest is its chunk's); so it does for a
-    // file expected to be longer than a chunk.
+    // byte 0 (a one-chunk file's digest is its chunk's), or after the first
+    // chunk from the state handed over with them; a file expected to be
+    // longer than a chunk has it start at byte 0 too.
+    if known.as_ref().is_none_or(|k| k.len() < 2) {
+        first_state = None;
+    }
     let mut whole_on = match &known {
-        Some(k) => k.len() > 1,
+        Some(k) => k.len() > 1 && first_state.is_none(),
         None => whole_from_start,
     };
     if whole_on {
@@ -613,17 +661,23 @@ fn hash_chunks(
                         }
                         None => ChunkDigest::Known(Err(format!("chunk {sealed} has no bytes"))),
                     },
-                    Some(k) => ChunkDigest::Known(match k.get(sealed) {
-                        Some(c) if c.len == len => Ok(c.digest),
-                        Some(c) => Err(format!(
-                            "chunk {sealed} is {len} bytes, the known chunk is {} bytes",
-                            c.len
-                        )),
-                        None => Err(format!(
-                            "chunk {sealed} is past the {} known chunks",
-                            k.len()
-                        )),
-                    }),
+                    Some(k) => {
+                        if let (0, Some(FirstChunkState(state))) = (sealed, first_state.take()) {
+                            whole_on = true;
+                            let _ = whole.send(ToWhole::AfterKnown(state, k[0].digest));
+                        }
+                        ChunkDigest::Known(match k.get(sealed) {
+                            Some(c) if c.len == len => Ok(c.digest),
+                            Some(c) => Err(format!(
+                                "chunk {sealed} is {len} bytes, the known chunk is {} bytes",
+                                c.len
+                            )),
+                            None => Err(format!(
+                                "chunk {sealed} is past the {} known chunks",
+                                k.len()
+                            )),
+                        })
+                    }
                 };
                 sealed += 1;
                 let _ = digests.send(digest);
@@ -638,6 +692,7 @@ impl Pipeline {
         lease: &Lease,
         known: Option<Arc<[Chunk]>>,
         whole_from_start: bool,
+        first_state: Option<FirstChunkState>,
     ) -> Pipeline {
         let (tx, rx) = mpsc::sync_channel::<ToSink>(QUEUE);
         let (htx, hrx) = mpsc::sync_channel::<ToHash>(QUEUE);
@@ -738,7 +793,15 @@ impl Pipeline {
         });
         let hash_back = btx.clone();
         let hash = std::thread::spawn(move || {
-            hash_chunks(hrx, wtx, dtx, known, whole_from_start, hash_back)
+            hash_chunks(
+                hrx,
+                wtx,
+                dtx,
+                known,
+                whole_from_start,
+                first_state,
+                hash_back,
+            )
         });
         let whole = std::thread::spawn(move || {
             let mut h: Option<Hasher> = None;
@@ -753,6 +816,11 @@ impl Pipeline {
                     ToWhole::Fresh => h = Some(Hasher::default()),
                     // None only when chunk 1's thread died (its panic is reported).
                     ToWhole::After(state) => h = state.recv().ok(),
+                    // None when no state came, or not the first chunk's:
+                    // `finish` then fails.
+                    ToWhole::AfterKnown(state, first) => {
+                        h = state.recv().ok().filter(|s| s.clone().finish() == first)
+                    }
                 }
             }
             h.map(Hasher::finish)
@@ -818,6 +886,9 @@ pub struct ChunkedWriter<'l> {
     ended: bool,
     /// Hash the whole file from byte 0 beside the chunks.
     whole_from_start: bool,
+    /// Known chunks only: the state after the first chunk, which the
+    /// whole-file hash continues ([`ChunkedWriter::continue_from`]).
+    first_state: Option<FirstChunkState>,
 }
 
 impl std::fmt::Debug for ChunkedWriter<'_> {
@@ -869,6 +940,7 @@ impl ChunkedWriter<'_> {
                 self.lease,
                 self.known.clone(),
                 self.whole_from_start,
+                self.first_state.take(),
             )
         });
         let budget = Arc::clone(&pipe.budget);
@@ -993,6 +1065,16 @@ impl ChunkedWriter<'_> {
         Ok(())
     }
 
+    /// A writer of known chunks continues its whole-file hash from `state`
+    /// (the first chunk's, handed over by whoever checked that chunk)
+    /// instead of hashing the first chunk again. Only before the first byte;
+    /// ignored by a writer of unknown chunks or of a single known chunk.
+    pub fn continue_from(&mut self, state: FirstChunkState) {
+        if self.pipe.is_none() {
+            self.first_state = Some(state);
+        }
+    }
+
     /// The input has ended: seal the chunk in progress now, so that its
     /// fsync and install run while the caller finishes other work;
     /// [`ChunkedWriter::finish`] then only waits for them. Bytes written
@@ -1073,7 +1155,13 @@ impl ChunkedWriter<'_> {
         let file_digest = match chunks.len() {
             0 => Digest::of(b""),
             1 => chunks[0].digest,
-            _ => whole.expect("the whole-file hash runs for more than one chunk"),
+            _ => whole.ok_or_else(|| StoreError::Io {
+                op: "hash the whole file",
+                path: self.store.dir("tmp"),
+                source: io::Error::other(
+                    "no SHA-256 state for the first chunk came, or not the known first chunk's",
+                ),
+            })?,
         };
         let manifest = Manifest {
             file_digest,

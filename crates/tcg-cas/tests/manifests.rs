@@ -88,6 +88,89 @@ fn a_writer_of_known_chunks_stores_what_hashing_would_and_refuses_another_layout
 }
 
 #[test]
+fn a_writer_of_known_chunks_continues_from_a_first_chunk_state_only_if_it_is_that_chunks() {
+    use sha2::Digest as _;
+    let dir = tempfile::tempdir().unwrap();
+    let store = small_store(&dir.path().join("s"));
+    let lease = store.lease().unwrap();
+    let data = bytes(21, 3 * SMALL_CHUNK as usize + 17);
+    let hashed = store.ingest_reader(&lease, &data[..]).unwrap();
+    let chunks = store
+        .load_manifest(&lease, &hashed.manifest)
+        .unwrap()
+        .chunks;
+    let first = &data[..SMALL_CHUNK as usize];
+    // The state after the first chunk, sent before the bytes, during the
+    // first chunk, or late from another thread (the writer waits for it):
+    // the same manifest as hashing from byte 0.
+    for when in ["before", "during", "late"] {
+        let (tx, rx) = tcg_cas::first_chunk_channel();
+        let mut w = store.chunked_writer_known(&lease, &chunks);
+        w.continue_from(rx);
+        let state = sha2::Sha256::new_with_prefix(first);
+        let mut tx = Some(tx);
+        let mut late = None;
+        match when {
+            "before" => tx.take().unwrap().send(state.clone()),
+            "late" => {
+                let (tx, state) = (tx.take().unwrap(), state.clone());
+                late = Some(std::thread::spawn(move || {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    tx.send(state);
+                }));
+            }
+            _ => {}
+        }
+        for (i, piece) in data.chunks(4099).enumerate() {
+            w.write_all(piece).unwrap();
+            if i == 1 {
+                if let Some(tx) = tx.take() {
+                    tx.send(state.clone());
+                }
+            }
+        }
+        assert_eq!(w.finish().unwrap(), hashed, "state sent {when}");
+        if let Some(t) = late {
+            t.join().unwrap();
+        }
+    }
+    // Another state (one byte short, or another chunk's), or none at all:
+    // the writer fails instead of naming a whole-file digest it did not hash.
+    let short = sha2::Sha256::new_with_prefix(&first[..first.len() - 1]);
+    let other =
+        sha2::Sha256::new_with_prefix(&data[SMALL_CHUNK as usize..2 * SMALL_CHUNK as usize]);
+    for state in [Some(short), Some(other), None] {
+        let (tx, rx) = tcg_cas::first_chunk_channel();
+        let mut w = store.chunked_writer_known(&lease, &chunks);
+        w.continue_from(rx);
+        match state {
+            Some(s) => tx.send(s),
+            None => drop(tx),
+        }
+        w.write_all(&data).unwrap();
+        assert!(w.finish().is_err());
+    }
+    // Ignored where there is nothing to continue: a single known chunk, or
+    // chunks the writer hashes itself.
+    let one = bytes(22, SMALL_CHUNK as usize - 3);
+    let one_hashed = store.ingest_reader(&lease, &one[..]).unwrap();
+    let one_chunks = store
+        .load_manifest(&lease, &one_hashed.manifest)
+        .unwrap()
+        .chunks;
+    let (_tx, rx) = tcg_cas::first_chunk_channel();
+    let mut w = store.chunked_writer_known(&lease, &one_chunks);
+    w.continue_from(rx);
+    w.write_all(&one).unwrap();
+    assert_eq!(w.finish().unwrap(), one_hashed);
+    let (_tx, rx) = tcg_cas::first_chunk_channel();
+    let mut w = store.chunked_writer(&lease);
+    w.continue_from(rx);
+    w.write_all(&data).unwrap();
+    assert_eq!(w.finish().unwrap(), hashed);
+}
+
+#[test]
 fn a_writer_refuses_bytes_after_the_end_of_its_input() {
     let dir = tempfile::tempdir().unwrap();
     let store = small_store(&dir.path().join("s"));

@@ -11,9 +11,9 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::{Digest as _, Sha256};
-use tcg_cas::{Chunk, Digest, Manifest, SharedBytes};
+use tcg_cas::{Chunk, Digest, FirstChunkSender, FirstChunkState, Manifest, SharedBytes};
 use tcg_core::engine::{EnvelopeStream, FailureSlot, RemoteEnvelope, RemoteError, StreamFailure};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::client::{Client, Fail};
@@ -21,10 +21,9 @@ use crate::layout::{Layout, RefRecord, MAX_MANIFEST_BYTES, MAX_REF_BYTES};
 
 /// Chunks requested ahead of the reader, the one it reads included: what
 /// has arrived and is not yet read stays in memory (up to 64 MiB a chunk).
+/// The GETs start in manifest order, each once the previous one's answer
+/// has begun.
 pub const CHUNKS_AHEAD: usize = 3;
-
-/// Chunk GETs in flight at once, started in manifest order.
-pub const GETS_AT_ONCE: usize = 2;
 
 fn unavailable(what: &str, f: Fail) -> RemoteError {
     RemoteError::Unavailable(format!("{what}: {f}"))
@@ -106,8 +105,9 @@ pub fn open(
 }
 
 /// Open the envelope of manifest `m` (named by the ref, or by a signature
-/// record): the manifest's SHA-256 and shape, every chunk's presence and
-/// size, then the checked stream.
+/// record): the manifest's SHA-256 and shape, then the checked stream. A
+/// chunk the remote does not have ends the stream as a miss
+/// ([`StreamFailure::Missing`]) when its GET is answered 404.
 pub fn open_manifest(
     client: &Client,
     layout: &Layout,
@@ -116,31 +116,9 @@ pub fn open_manifest(
     let Some(manifest) = read_manifest(client, layout, m)? else {
         return Ok(None);
     };
-    // The first GETs start at once; every chunk's presence and size are
-    // checked meanwhile, so a missing chunk is still a miss found before
-    // any byte is handed out (dropping the stream stops its GETs).
     let failure: FailureSlot = Arc::new(Mutex::new(None));
     let chunks = manifest.chunks.clone();
     let reader = ChunkStream::new(client, layout, manifest, Arc::clone(&failure));
-    let paths = chunks.iter().map(|c| layout.chunk(&c.digest)).collect();
-    for (c, head) in chunks.iter().zip(client.head_all(paths)) {
-        match head {
-            Ok(meta) if meta.size == c.len => {}
-            Ok(meta) => {
-                return Err(RemoteError::Bad {
-                    manifest: Some(m.to_hex()),
-                    why: format!(
-                        "chunk {} is {} bytes, the manifest says {}",
-                        c.digest.to_hex(),
-                        meta.size,
-                        c.len
-                    ),
-                })
-            }
-            Err(Fail::NotFound) => return Ok(None),
-            Err(f) => return Err(unavailable("checking a chunk", f)),
-        }
-    }
     Ok(Some(RemoteEnvelope {
         manifest: *m,
         reader: Box::new(reader),
@@ -153,26 +131,34 @@ pub fn open_manifest(
 /// arrived, or why it failed.
 type Frame = Result<Bytes, StreamFailure>;
 
-/// GET one chunk, hashing each frame as it arrives and passing it on to the
-/// reader, all but the last: that one is sent only once the length and the
-/// SHA-256 match. A reader therefore never holds every byte of a chunk
-/// before the chunk is proven, and the local writer (which installs a chunk
-/// only once it has all of its bytes) never installs an unproven one.
+/// GET one chunk and pass its frames on to the reader as they arrive, all
+/// but the last: that one is sent only once the length and the SHA-256
+/// match. A reader therefore never holds every byte of a chunk before the
+/// chunk is proven, and the local writer (which installs a chunk only once
+/// it has all of its bytes) never installs an unproven one. The hash runs on
+/// a thread of its own, so that neither the runtime nor the reader waits
+/// for it until the last frame. `answered` fires once the response has
+/// begun (or the GET failed); `first`, for the first chunk, receives the
+/// hash's state once the chunk is proven.
 async fn fetch_chunk(
     store: Arc<dyn ObjectStore>,
     path: Path,
     chunk: Chunk,
     limit: std::time::Duration,
     tx: mpsc::UnboundedSender<Frame>,
-    _get: OwnedSemaphorePermit,
+    answered: oneshot::Sender<()>,
+    first: Option<FirstChunkSender>,
 ) {
     use futures_util::StreamExt;
     let hex = chunk.digest.to_hex();
     let streamed = tokio::time::timeout(limit, async {
-        let r = store
-            .get(&path)
-            .await
-            .map_err(|e| StreamFailure::Transport(format!("chunk {hex}: {e}")))?;
+        let r = store.get(&path).await.map_err(|e| match e {
+            object_store::Error::NotFound { .. } => {
+                StreamFailure::Missing(format!("chunk {hex} is missing from the remote"))
+            }
+            e => StreamFailure::Transport(format!("chunk {hex}: {e}")),
+        })?;
+        let _ = answered.send(());
         if r.meta.size != chunk.len {
             // The server states another length for a content-addressed name.
             return Err(StreamFailure::Bad(format!(
@@ -180,7 +166,14 @@ async fn fetch_chunk(
                 r.meta.size, chunk.len
             )));
         }
-        let mut hasher = Sha256::new();
+        let (to_hash, frames_in) = std::sync::mpsc::channel::<Bytes>();
+        let hashing = tokio::task::spawn_blocking(move || {
+            let mut hasher = Sha256::new();
+            for frame in frames_in {
+                hasher.update(&frame);
+            }
+            hasher
+        });
         let mut held: Option<Bytes> = None;
         let mut got: u64 = 0;
         let mut frames = r.into_stream();
@@ -191,7 +184,7 @@ async fn fetch_chunk(
                 // More than the stated length: cut off here.
                 break;
             }
-            hasher.update(&frame);
+            let _ = to_hash.send(frame.clone());
             if let Some(previous) = held.replace(frame) {
                 if tx.send(Ok(previous)).is_err() {
                     // The reader is gone: nothing more to do.
@@ -199,6 +192,7 @@ async fn fetch_chunk(
                 }
             }
         }
+        drop(to_hash);
         if got != chunk.len {
             // A body of another length with a 200 is a transport fault
             // (truncation), not proof.
@@ -207,12 +201,18 @@ async fn fetch_chunk(
                 chunk.len
             )));
         }
-        let actual: [u8; 32] = hasher.finalize().into();
+        let hasher = hashing
+            .await
+            .map_err(|e| StreamFailure::Transport(format!("chunk {hex}: hashing: {e}")))?;
+        let actual: [u8; 32] = hasher.clone().finalize().into();
         if actual != chunk.digest.0 {
             return Err(StreamFailure::Bad(format!(
                 "chunk {hex} has SHA-256 {}",
                 hex::encode(actual)
             )));
+        }
+        if let Some(first) = first {
+            first.send(hasher);
         }
         Ok(held)
     })
@@ -238,8 +238,14 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A chunk to fetch: where, what, and where its frames go.
-type Order = (Path, Chunk, mpsc::UnboundedSender<Frame>);
+/// A chunk to fetch: where, what, where its frames go, and for the first
+/// chunk where its hash's state goes.
+type Order = (
+    Path,
+    Chunk,
+    mpsc::UnboundedSender<Frame>,
+    Option<FirstChunkSender>,
+);
 
 /// One chunk on its way: its frames, and how many bytes of it the reader
 /// has taken.
@@ -269,32 +275,38 @@ pub struct ChunkStream {
     next: usize,
     pending: VecDeque<InFlight>,
     orders: mpsc::UnboundedSender<Order>,
-    /// Starts the GETs in order, [`GETS_AT_ONCE`] at a time; aborting it
-    /// aborts them.
+    /// Starts the GETs in order, each once the previous one's answer has
+    /// begun; aborting it aborts them.
     driver: JoinHandle<()>,
     failure: FailureSlot,
     failed: bool,
+    /// Where the first chunk's hash state arrives, until taken.
+    first_state: Option<FirstChunkState>,
+    first_sender: Option<FirstChunkSender>,
 }
 
 impl ChunkStream {
     fn new(client: &Client, layout: &Layout, manifest: Manifest, failure: FailureSlot) -> Self {
         let (orders, mut incoming) = mpsc::unbounded_channel::<Order>();
-        let gets = Arc::new(Semaphore::new(GETS_AT_ONCE));
         let store = Arc::clone(&client.store);
         let config = client.config.clone();
+        // One GET at a time until its answer begins: a server prepares the
+        // next while the previous streams, and the first bytes come as
+        // early as one GET allows. At most CHUNKS_AHEAD are in flight (a
+        // chunk leaves the reader's queue only once its GET has ended).
         let driver = client.runtime.spawn(async move {
             let mut tasks = Vec::new();
-            while let Some((path, c, tx)) = incoming.recv().await {
-                let Ok(get) = Arc::clone(&gets).acquire_owned().await else {
-                    break;
-                };
+            while let Some((path, c, tx, first)) = incoming.recv().await {
                 let limit = config.data_timeout(c.len);
                 let store = Arc::clone(&store);
+                let (answered, answer) = oneshot::channel();
                 tasks.push(AbortOnDrop(tokio::spawn(fetch_chunk(
-                    store, path, c, limit, tx, get,
+                    store, path, c, limit, tx, answered, first,
                 ))));
+                let _ = answer.await;
             }
         });
+        let (first_sender, first_state) = tcg_cas::first_chunk_channel();
         let mut s = ChunkStream {
             layout: layout.clone(),
             manifest,
@@ -304,6 +316,8 @@ impl ChunkStream {
             driver,
             failure,
             failed: false,
+            first_state: Some(first_state),
+            first_sender: Some(first_sender),
         };
         s.fill();
         s
@@ -315,7 +329,8 @@ impl ChunkStream {
             self.next += 1;
             let path = self.layout.chunk(&c.digest);
             let (tx, rx) = mpsc::unbounded_channel();
-            let _ = self.orders.send((path, c, tx));
+            let first = self.first_sender.take();
+            let _ = self.orders.send((path, c, tx, first));
             self.pending.push_back(InFlight {
                 chunk: c,
                 frames: rx,
@@ -326,7 +341,9 @@ impl ChunkStream {
 
     fn fail(&mut self, f: StreamFailure) -> io::Error {
         let msg = match &f {
-            StreamFailure::Transport(m) | StreamFailure::Bad(m) => m.clone(),
+            StreamFailure::Transport(m) | StreamFailure::Bad(m) | StreamFailure::Missing(m) => {
+                m.clone()
+            }
         };
         if let Ok(mut slot) = self.failure.lock() {
             slot.get_or_insert(f);
@@ -410,5 +427,9 @@ impl EnvelopeStream for ChunkStream {
         if let Some(f) = verdict {
             self.fail(f);
         }
+    }
+
+    fn first_chunk_state(&mut self) -> Option<FirstChunkState> {
+        self.first_state.take()
     }
 }

@@ -109,15 +109,24 @@ impl Engine {
 
     /// [`Engine::ingest_verified`] of a remote's stream: its frames go to the
     /// store's writer without a copy, and `known` are the chunks the stream
-    /// checks them against (the writer does not hash them again).
+    /// checks them against (the writer does not hash them again, and
+    /// continues its whole-file hash from `first`, the state after the
+    /// first chunk, when the stream hands it over).
     pub(crate) fn ingest_frames(
         &self,
         lease: &Lease,
         frames: &mut dyn EnvelopeStream,
         key: &str,
         known: Option<&[tcg_cas::Chunk]>,
+        first: Option<tcg_cas::FirstChunkState>,
     ) -> Result<(tcg_cas::ManifestInfo, EnvelopeReport, StoreStage)> {
-        self.ingest_input(lease, Input::<File>::Frames(frames), key, true, known)
+        self.ingest_input(
+            lease,
+            Input::<File>::Frames(frames),
+            key,
+            true,
+            known.map(|k| (k, first)),
+        )
     }
 
     fn ingest_input<R: Read>(
@@ -126,10 +135,16 @@ impl Engine {
         input: Input<'_, R>,
         key: &str,
         admit_host: bool,
-        known: Option<&[tcg_cas::Chunk]>,
+        known: Option<(&[tcg_cas::Chunk], Option<tcg_cas::FirstChunkState>)>,
     ) -> Result<(tcg_cas::ManifestInfo, EnvelopeReport, StoreStage)> {
         let mut writer: ChunkedWriter<'_> = match known {
-            Some(chunks) => self.store.chunked_writer_known(lease, chunks),
+            Some((chunks, first)) => {
+                let mut w = self.store.chunked_writer_known(lease, chunks);
+                if let Some(state) = first {
+                    w.continue_from(state);
+                }
+                w
+            }
             None => self.store.chunked_writer(lease),
         };
         let mut sink_error: Option<Error> = None;

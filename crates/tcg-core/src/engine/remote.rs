@@ -47,6 +47,10 @@ pub enum StreamFailure {
     Transport(String),
     /// The bytes are proven wrong (a chunk's digest or length, the whole file).
     Bad(String),
+    /// The remote does not have a chunk its manifest lists: a miss, not
+    /// proof (a collection may have raced the fetch, or the record is
+    /// incomplete).
+    Missing(String),
 }
 
 /// A shared slot the remote's reader fills when its stream fails.
@@ -64,6 +68,12 @@ pub trait EnvelopeStream: Send {
     /// read): read that chunk to its end so that its check decides whether
     /// the refused bytes are the remote's (recorded as a failure if not).
     fn settle(&mut self);
+    /// The SHA-256 state after the first chunk, once that chunk is checked,
+    /// for the local writer of the stream's (known) chunks to continue its
+    /// whole-file hash from; taken once, before the first frame.
+    fn first_chunk_state(&mut self) -> Option<tcg_cas::FirstChunkState> {
+        None
+    }
 }
 
 /// An envelope the remote serves for a key, as a stream whose chunks are
@@ -336,7 +346,8 @@ impl Engine {
             .is_some_and(|(last, rest)| rest.iter().all(|c| c.len == step) && last.len <= step);
         let known = canonical.then_some(envelope.chunks.as_slice());
         let mut stream = envelope.reader;
-        let ingested = self.ingest_frames(&lease, &mut *stream, key, known);
+        let first = known.and_then(|_| stream.first_chunk_state());
+        let ingested = self.ingest_frames(&lease, &mut *stream, key, known, first);
         let unsettled = |s: &FailureSlot| s.lock().map(|s| s.is_none()).unwrap_or(false);
         if let Err(e) = &ingested {
             // A refusal that would be evidence is only evidence once the
@@ -373,6 +384,11 @@ impl Engine {
             }
             (Err(_), Some(StreamFailure::Bad(why))) => {
                 self.remote_bad(remote, key, &manifest, &why);
+                return Fetched::Miss;
+            }
+            (Err(_), Some(StreamFailure::Missing(why))) => {
+                warn(format_args!("{key}: {why}: a miss"));
+                self.count(Counter::RemoteMiss);
                 return Fetched::Miss;
             }
             (Err(e), None) if e.kind() == Kind::Admission => {
