@@ -118,8 +118,19 @@ def test_resolve_cli_with_remote_and_pull_prefetch(fleet: str, tmp_path: Path) -
     out = cli("pull", "--cas-root", store, "--remote", fleet, "--from", str(keys), "--json", env={})
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [{"key": REFERENCE_KEY, "signatures": 0, "source": "remote"}]
+    # The record only: its first resolve reads the envelope and records the admitted copy.
+    from torch_compiled_graphs import LocalCAS
+
+    admitted = f"torch-compiled-graphs/v1/admitted/{REFERENCE_KEY}/"
+    assert LocalCAS(store).refs(admitted) == []
     # Offline now: the pulled record serves without any remote.
     assert engine(tmp_path / "c", None).resolve(REFERENCE_KEY, tmp_path / "g") is not None
+    assert len(LocalCAS(store).refs(admitted)) == 3
+    # --admitted-copy stores it with the record.
+    out = cli("pull", "--cas-root", str(tmp_path / "c2"), "--remote", fleet, "--admitted-copy", REFERENCE_KEY, env={})
+    assert out.returncode == 0, out.stderr
+    assert len(LocalCAS(tmp_path / "c2").refs(admitted)) == 3
+    assert engine(tmp_path / "c2", None).resolve(REFERENCE_KEY, tmp_path / "g2") is not None
     miss = cli("pull", "--cas-root", store, "--remote", fleet, OTHER_KEY, env={})
     assert miss.returncode == 1
     out = cli(

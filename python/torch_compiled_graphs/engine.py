@@ -426,12 +426,15 @@ class Engine:
         """The fleet remote's URL, or ``None``."""
         return self._native.remote
 
-    def pull(self, keys: list[str]) -> list[dict[str, Any]]:
+    def pull(self, keys: list[str], admitted_copy: bool = False) -> list[dict[str, Any]]:
         """Bring ``keys`` into the local store from the remote, verified; one row a key with its
         ``source`` (``"local"``, ``"remote"`` or ``None`` when neither has it) and ``signatures``
         (signature records stored with it). Under a trust policy a refused key has ``source``
-        ``None``, ``refused`` (its ``trust.*`` code) and ``error`` (docs/trust.md, "The fleet")."""
-        return list(self._native.pull(list(keys)))
+        ``None``, ``refused`` (its ``trust.*`` code) and ``error`` (docs/trust.md, "The fleet").
+        With ``admitted_copy`` each fetched graph's members are stored as its admitted copy too;
+        otherwise its first ``resolve`` reads the envelope once and records the copy
+        (docs/fleet.md)."""
+        return list(self._native.pull(list(keys), admitted_copy))
 
     @property
     def root(self) -> Path:

@@ -222,6 +222,11 @@ enum Command {
         store: StoreArg,
         #[command(flatten)]
         trust: TrustArg,
+        /// Also store each fetched graph's admitted copy (its members,
+        /// uncompressed), so that its first resolve does not read the
+        /// envelope; without it the first resolve records the copy.
+        #[arg(long)]
+        admitted_copy: bool,
         /// Keys to fetch [default: every key the remote has].
         keys: Vec<String>,
         /// Read more keys from this file (one a line; `-` is stdin).
@@ -762,10 +767,18 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Pull {
             store,
             trust,
+            admitted_copy,
             keys,
             from,
             json,
-        } => crate::fleet::pull(&store, trust.settings().load()?, keys, from, json),
+        } => crate::fleet::pull(
+            &store,
+            trust.settings().load()?,
+            admitted_copy,
+            keys,
+            from,
+            json,
+        ),
         Command::Fleet { command } => crate::fleet::dispatch(command),
         Command::CheckKey { value } => {
             if identity::is_compiled_graph_key(&value) {

@@ -165,6 +165,7 @@ pub(crate) fn push(
 pub(crate) fn pull(
     store: &StoreArg,
     trust: tcg_core::engine::TrustConfig,
+    admitted_copy: bool,
     keys: Vec<String>,
     from: Option<PathBuf>,
     json: bool,
@@ -178,7 +179,7 @@ pub(crate) fn pull(
     if keys.is_empty() {
         keys = tcg_remote::ops::keys(&remote)?;
     }
-    let rows = tcg_remote::ops::pull(&engine, &keys, &mut progress("pull"))?;
+    let rows = tcg_remote::ops::pull(&engine, &keys, admitted_copy, &mut progress("pull"))?;
     if json {
         print_json(&rows)?;
     } else {

@@ -453,9 +453,15 @@ impl NativeEngine {
     }
 
     /// Bring keys into the local store from the remote (verified); one row a key.
-    fn pull<'py>(&self, py: Python<'py>, keys: Vec<String>) -> PyResult<Bound<'py, PyAny>> {
+    #[pyo3(signature = (keys, admitted_copy = false))]
+    fn pull<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+        admitted_copy: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let v = py
-            .detach(|| tcg_remote::ops::pull(&self.inner, &keys, &mut |_, _| {}))
+            .detach(|| tcg_remote::ops::pull(&self.inner, &keys, admitted_copy, &mut |_, _| {}))
             .py()?;
         from_value(py, &v)
     }

@@ -101,15 +101,18 @@ pub fn push(
     Ok(Value::Array(rows))
 }
 
-/// Prefetch `keys` into the local store (verified like any fetch).
+/// Prefetch `keys` into the local store (verified like any fetch), with
+/// their admitted copies when `admitted_copy` (otherwise each key's first
+/// resolve records it).
 pub fn pull(
     engine: &Engine,
     keys: &[String],
+    admitted_copy: bool,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Value> {
     let mut rows = Vec::new();
     for (i, key) in keys.iter().enumerate() {
-        let pulled = engine.pull_key(key)?;
+        let pulled = engine.pull_key(key, admitted_copy)?;
         let mut row = vec![
             ("key", key.as_str().into()),
             (

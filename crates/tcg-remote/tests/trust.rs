@@ -361,7 +361,7 @@ fn push_uploads_records_and_pull_admits_them_under_the_policy() {
     let keys = [KEY.to_string()];
     // A trusting store pulls it with its record.
     let p = f.engine("p", None, true);
-    let pulled = tcg_remote::ops::pull(&p, &keys, &mut |_, _| {}).unwrap();
+    let pulled = tcg_remote::ops::pull(&p, &keys, false, &mut |_, _| {}).unwrap();
     let row = pulled.as_array().unwrap()[0].as_object().unwrap().clone();
     assert_eq!(row["source"].as_str(), Some("remote"), "{pulled:?}");
     assert_eq!(row["signatures"], tcg_cj::Value::Int(1));
@@ -381,7 +381,7 @@ fn push_uploads_records_and_pull_admits_them_under_the_policy() {
             .unwrap(),
         )
         .with_remote(remote(&f.url));
-    let pulled = q.pull_key(KEY).unwrap();
+    let pulled = q.pull_key(KEY, true).unwrap();
     assert_eq!(pulled.source, None);
     assert_eq!(pulled.refused.unwrap().code(), Code::TrustUnsigned);
     assert!(q
@@ -391,7 +391,7 @@ fn push_uploads_records_and_pull_admits_them_under_the_policy() {
         .is_none());
     // Without a policy, records are stored as received (those that verify).
     let n = f.engine("n", None, false);
-    let pulled = n.pull_key(KEY).unwrap();
+    let pulled = n.pull_key(KEY, false).unwrap();
     assert_eq!(
         (pulled.source, pulled.signatures),
         (Some(Source::Remote), 1)

@@ -332,6 +332,20 @@ pub fn store_err(err: StoreError) -> Error {
 #[cfg(test)]
 mod tests;
 
+/// What a read of an envelope does with its members besides verifying them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Members {
+    /// Stream them into the store (the admitted copy); the checks that read
+    /// a member again read the store's copy.
+    Store,
+    /// Stream them into the store and stage them as files (for a destination).
+    StoreAndStage,
+    /// Stage them as files for the checks only: nothing is stored, and the
+    /// first resolve that reads the envelope records the admitted copy
+    /// (`pull` without `--admitted-copy`).
+    Stage,
+}
+
 /// A private working directory inside the store's `tmp/`, named after the
 /// lease that owns it so that GC reaps it only once that lease is dead.
 /// Removed on drop.
@@ -371,29 +385,30 @@ impl StoreStage {
 
     /// Read and fully verify the envelope `input`
     /// ([`crate::artifact::read_envelope_into`]), streaming each member into
-    /// the store; once verified, the stage knows the files they are stored
-    /// as ([`StoreStage::stored`]). With `files`, the members are also
-    /// staged as files in this stage (for a destination); without, nothing
-    /// is written twice: the checks that read a member again read the
-    /// store's copy.
+    /// the store unless `members` is [`Members::Stage`]; once verified, the
+    /// stage knows the files they are stored as ([`StoreStage::stored`]).
+    /// The members are also staged as files in this stage where `members`
+    /// says so (for a destination, or for the checks when nothing is
+    /// stored); otherwise nothing is written twice: the checks that read a
+    /// member again read the store's copy.
     pub(crate) fn read_envelope(
         &mut self,
         engine: &Engine,
         lease: &tcg_cas::Lease,
         input: impl std::io::Read,
         admission: &mut dyn FnMut(&Metadata) -> Result<()>,
-        files: bool,
+        members: Members,
     ) -> Result<crate::artifact::EnvelopeReport> {
-        let mut members = StoreMembers {
+        let mut sink = StoreMembers {
             store: engine.store.clone(),
             lease,
-            keeps: !files,
+            writes: members != Members::Stage,
+            keeps: members == Members::Store,
             current: None,
             done: Vec::new(),
         };
-        let report =
-            crate::artifact::read_envelope_into(input, &self.path, admission, &mut members)?;
-        self.stored = members.done;
+        let report = crate::artifact::read_envelope_into(input, &self.path, admission, &mut sink)?;
+        self.stored = sink.done;
         Ok(report)
     }
 
@@ -420,6 +435,8 @@ impl Drop for StoreStage {
 struct StoreMembers<'l> {
     store: tcg_cas::Store,
     lease: &'l tcg_cas::Lease,
+    /// The members are streamed into the store.
+    writes: bool,
     /// The checks read the stored members (nothing is staged as a file).
     keeps: bool,
     current: Option<(&'static str, tcg_cas::ChunkedWriter<'l>)>,
@@ -428,12 +445,17 @@ struct StoreMembers<'l> {
 
 impl crate::artifact::MemberSink for StoreMembers<'_> {
     fn begin(&mut self, member: &'static str, size: u64) -> Result<()> {
-        self.current = Some((member, self.store.chunked_writer_sized(self.lease, size)));
+        if self.writes {
+            self.current = Some((member, self.store.chunked_writer_sized(self.lease, size)));
+        }
         Ok(())
     }
 
     fn bytes(&mut self, data: &[u8]) -> Result<()> {
         use std::io::Write;
+        if !self.writes {
+            return Ok(());
+        }
         let (member, w) = self.current.as_mut().expect("begin comes first");
         let member: &'static str = member;
         w.write_all(data)
@@ -441,6 +463,9 @@ impl crate::artifact::MemberSink for StoreMembers<'_> {
     }
 
     fn end(&mut self) -> Result<()> {
+        if !self.writes {
+            return Ok(());
+        }
         let (member, w) = self.current.take().expect("begin comes first");
         let info = w.finish().map_err(store_err)?;
         self.done.push((member, info));

@@ -9,7 +9,8 @@ use tcg_cas::{CasOutcome, ChunkedWriter, Digest, Lease, Target};
 
 use super::resolve::{classify_read, host_facts, Evidence, Verdict};
 use super::{
-    check_key, graph_ref, store_err, Engine, EnvelopeStream, StoreOutcome, StoreResult, StoreStage,
+    check_key, graph_ref, store_err, Engine, EnvelopeStream, Members, StoreOutcome, StoreResult,
+    StoreStage,
 };
 use crate::artifact::envelope::Tee;
 use crate::artifact::metadata::format_of;
@@ -104,14 +105,23 @@ impl Engine {
         key: &str,
         admit_host: bool,
     ) -> Result<(tcg_cas::ManifestInfo, EnvelopeReport, StoreStage)> {
-        self.ingest_input(lease, Input::Reader(input), key, admit_host, None)
+        self.ingest_input(
+            lease,
+            Input::Reader(input),
+            key,
+            admit_host,
+            None,
+            Members::Store,
+        )
     }
 
     /// [`Engine::ingest_verified`] of a remote's stream: its frames go to the
     /// store's writer without a copy, and `known` are the chunks the stream
     /// checks them against (the writer does not hash them again, and
     /// continues its whole-file hash from `first`, the state after the
-    /// first chunk, when the stream hands it over).
+    /// first chunk, when the stream hands it over). `members` says whether
+    /// the admitted copy is stored now ([`Members::Store`]) or left to the
+    /// first resolve ([`Members::Stage`]).
     pub(crate) fn ingest_frames(
         &self,
         lease: &Lease,
@@ -119,6 +129,7 @@ impl Engine {
         key: &str,
         known: Option<&[tcg_cas::Chunk]>,
         first: Option<tcg_cas::FirstChunkState>,
+        members: Members,
     ) -> Result<(tcg_cas::ManifestInfo, EnvelopeReport, StoreStage)> {
         self.ingest_input(
             lease,
@@ -126,6 +137,7 @@ impl Engine {
             key,
             true,
             known.map(|k| (k, first)),
+            members,
         )
     }
 
@@ -136,6 +148,7 @@ impl Engine {
         key: &str,
         admit_host: bool,
         known: Option<(&[tcg_cas::Chunk], Option<tcg_cas::FirstChunkState>)>,
+        members: Members,
     ) -> Result<(tcg_cas::ManifestInfo, EnvelopeReport, StoreStage)> {
         let mut writer: ChunkedWriter<'_> = match known {
             Some((chunks, first)) => {
@@ -174,7 +187,7 @@ impl Engine {
                         sink_failed(&mut sink_error, e)
                     })
                 });
-                stage.read_envelope(self, lease, tee, &mut admission, false)
+                stage.read_envelope(self, lease, tee, &mut admission, members)
             }
             Input::Frames(frames) => {
                 let tee = FrameTee {
@@ -191,7 +204,7 @@ impl Engine {
                         .map_err(|e| sink_failed(&mut sink_error, e))
                     },
                 };
-                stage.read_envelope(self, lease, tee, &mut admission, false)
+                stage.read_envelope(self, lease, tee, &mut admission, members)
             }
         };
         if let Some(e) = sink_error {

@@ -286,11 +286,20 @@ impl Engine {
     /// now has a record for `key` that came from the remote. Never an error.
     /// With a trust policy the candidates are the signed ones (remote_trust).
     pub(crate) fn fetch_remote(&self, key: &str) -> bool {
+        self.fetch_remote_with(key, super::Members::Store)
+    }
+
+    /// [`Engine::fetch_remote`], storing the admitted copy now
+    /// ([`super::Members::Store`]) or leaving it to the first resolve
+    /// ([`super::Members::Stage`]).
+    pub(crate) fn fetch_remote_with(&self, key: &str, members: super::Members) -> bool {
         let Some(remote) = self.remote.clone() else {
             return false;
         };
         if self.trust().has_policy() {
-            return self.fetch_remote_trusted(key, &*remote).is_published();
+            return self
+                .fetch_remote_trusted(key, &*remote, members)
+                .is_published();
         }
         let envelope = match remote.open(key) {
             Ok(Some(e)) => e,
@@ -309,7 +318,7 @@ impl Engine {
                 return false;
             }
         };
-        self.ingest_remote(&*remote, key, envelope, None)
+        self.ingest_remote(&*remote, key, envelope, None, members)
             .is_published()
     }
 
@@ -324,6 +333,7 @@ impl Engine {
         key: &str,
         envelope: RemoteEnvelope,
         signatures: Option<&[tcg_trust::SignedStatement]>,
+        members: super::Members,
     ) -> Fetched {
         let envelope_manifest = envelope.manifest;
         let manifest = envelope_manifest.to_hex();
@@ -347,7 +357,7 @@ impl Engine {
         let known = canonical.then_some(envelope.chunks.as_slice());
         let mut stream = envelope.reader;
         let first = known.and_then(|_| stream.first_chunk_state());
-        let ingested = self.ingest_frames(&lease, &mut *stream, key, known, first);
+        let ingested = self.ingest_frames(&lease, &mut *stream, key, known, first, members);
         let unsettled = |s: &FailureSlot| s.lock().map(|s| s.is_none()).unwrap_or(false);
         if let Err(e) = &ingested {
             // A refusal that would be evidence is only evidence once the
@@ -428,7 +438,9 @@ impl Engine {
             for (entry, v) in &keep {
                 self.store_signature(&lease, entry, v)?;
             }
-            self.after_publication(&lease, key, &m, &r, &stage);
+            if members == super::Members::Store {
+                self.after_publication(&lease, key, &m, &r, &stage);
+            }
             Ok(())
         });
         drop(stage);
@@ -445,9 +457,9 @@ impl Engine {
         }
     }
 
-    /// Bring `key` into the local store without resolving it anywhere
-    /// (`pull`): `Local` when it is there already, `Remote` when fetched,
-    /// `None` when neither has it.
+    /// Bring `key` into the local store without resolving it anywhere, with
+    /// its admitted copy: `Local` when it is there already, `Remote` when
+    /// fetched, `None` when neither has it.
     pub fn prefetch(&self, key: &str) -> crate::Result<Option<Source>> {
         super::check_key(key)?;
         let present = self

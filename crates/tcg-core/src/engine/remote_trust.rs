@@ -127,7 +127,12 @@ impl Engine {
     }
 
     /// A trusting worker's fetch on a local miss (docs/fleet.md, "Trust").
-    pub(crate) fn fetch_remote_trusted(&self, key: &str, remote: &dyn RemoteTier) -> Fetched {
+    pub(crate) fn fetch_remote_trusted(
+        &self,
+        key: &str,
+        remote: &dyn RemoteTier,
+        members: super::Members,
+    ) -> Fetched {
         let Some(policy) = self.trust().policy() else {
             return Fetched::Miss;
         };
@@ -228,7 +233,7 @@ impl Engine {
                 }
             };
             let entries = &candidates[&m].entries;
-            match self.ingest_remote(remote, key, envelope, Some(entries)) {
+            match self.ingest_remote(remote, key, envelope, Some(entries), members) {
                 Fetched::Published => return Fetched::Published,
                 Fetched::Refused(e) => {
                     self.refuse(key, &format!("candidate {}", m.to_hex()), &e);
@@ -315,8 +320,16 @@ impl Engine {
     /// records. With a trust policy, admission is [`Engine::fetch_remote_trusted`]'s
     /// (an unsigned or untrusted artifact is refused with its `trust.*`
     /// error); without one, the ref's artifact is fetched and the records
-    /// about it that verify are stored as received.
-    pub fn pull_key(&self, key: &str) -> Result<Pulled> {
+    /// about it that verify are stored as received. The envelope is verified
+    /// in full either way; with `admitted_copy` its members are stored as
+    /// the admitted copy too, otherwise the first resolve of the key records
+    /// it (reading the envelope once).
+    pub fn pull_key(&self, key: &str, admitted_copy: bool) -> Result<Pulled> {
+        let members = if admitted_copy {
+            super::Members::Store
+        } else {
+            super::Members::Stage
+        };
         check_key(key)?;
         let present = self
             .store
@@ -336,7 +349,7 @@ impl Engine {
             return Ok(out);
         };
         if self.trust().has_policy() {
-            match self.fetch_remote_trusted(key, &*remote) {
+            match self.fetch_remote_trusted(key, &*remote, members) {
                 Fetched::Published => {
                     out.source = Some(Source::Remote);
                     if let Some((_, subject)) = self.stored_subject(key)? {
@@ -354,7 +367,7 @@ impl Engine {
             let (remote, key) = (std::sync::Arc::clone(&remote), key.to_string());
             std::thread::spawn(move || remote.signature_records(&key, None))
         };
-        if !self.fetch_remote(key) {
+        if !self.fetch_remote_with(key, members) {
             return Ok(out);
         }
         out.source = Some(Source::Remote);

@@ -261,20 +261,25 @@ impl Engine {
         // between (nor make a good record look bad).
         let mut work = StoreStage::new(self, &lease)?;
         let evidence = Evidence::default();
-        let report =
-            match work.read_envelope(self, &lease, evidence.reader(reader), &mut admission, true) {
-                Ok(r) => r,
-                Err(err) => {
-                    drop(work);
-                    return match classify_read(err, &evidence) {
-                        Verdict::Unreadable => Ok(None),
-                        Verdict::Other(e) => Err(e),
-                        Verdict::Bad(code, why) => {
-                            Err(self.quarantine_selected(&lease, key, &target, code, why))
-                        }
-                    };
-                }
-            };
+        let report = match work.read_envelope(
+            self,
+            &lease,
+            evidence.reader(reader),
+            &mut admission,
+            super::Members::StoreAndStage,
+        ) {
+            Ok(r) => r,
+            Err(err) => {
+                drop(work);
+                return match classify_read(err, &evidence) {
+                    Verdict::Unreadable => Ok(None),
+                    Verdict::Other(e) => Err(e),
+                    Verdict::Bad(code, why) => {
+                        Err(self.quarantine_selected(&lease, key, &target, code, why))
+                    }
+                };
+            }
+        };
         // Verified: keep the members as the admitted copy for the next resolve.
         // Best effort; the envelope remains the source of truth.
         let _ = self.record_admitted(&lease, key, &manifest, &work);
