@@ -49,13 +49,17 @@ CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECOD
 
 
 def medians(cases: dict[str, Callable[[int], None]], repeat: int) -> dict[str, float]:
-    """Median wall time of each case, interleaving the cases round by round, after one
-    untimed warm-up round (page cache, bytecode caches)."""
+    """Median wall time of each case, interleaving the cases round by round (every other
+    round in reverse order), after one untimed warm-up round (page cache, bytecode caches)."""
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for case in cases.values():
         case(repeat)
     for i in range(repeat):
-        for name, case in cases.items():
+        # Every other round in reverse order, so that no case always follows another.
+        order = list(cases.items())
+        if i % 2:
+            order.reverse()
+        for name, case in order:
             # Start every sample with no dirty pages, so that no case pays for
             # another's writeback.
             os.sync()
@@ -386,6 +390,10 @@ def bench_fleet(repeat: int, cold_start: bool = True) -> dict[str, object]:
             "pull (fetch + full verification + local store)": lambda i: run(
                 CLI, "pull", "--cas-root", work / f"pull-{i}", "--remote", url, KEY
             ),
+            # The same, storing the admitted copy too (its members, uncompressed, durable).
+            "pull --admitted-copy": lambda i: run(
+                CLI, "pull", "--admitted-copy", "--cas-root", work / f"apull-{i}", "--remote", url, KEY
+            ),
             # What the pull's parts cost without the network: the envelope's full
             # verification alone, and an import of the same file into a fresh store.
             "verify of the envelope file (no store)": lambda i: run(CLI, "verify", envelope),
@@ -401,13 +409,15 @@ def bench_fleet(repeat: int, cold_start: bool = True) -> dict[str, object]:
                 CLI_BASE, "import", "--cas-root", work / f"bimp-{i}", KEY, envelope
             )
         fetch = medians(cases, max(3, repeat // 3))
-        for p in [*work.glob("pull-*"), *work.glob("imp-*"), *work.glob("bpull-*"), *work.glob("bimp-*")]:
+        for p in [*work.glob("pull-*"), *work.glob("apull-*"), *work.glob("imp-*"), *work.glob("bpull-*"), *work.glob("bimp-*")]:
             shutil.rmtree(p)
         results["fetch_256mib"] = {
             "artifact_bytes": envelope.stat().st_size,
             "chunks": len(chunk_keys),
             "median_s": fetch,
             "pull_over_raw_get": fetch["pull (fetch + full verification + local store)"]
+            / fetch["raw GET of the chunks (boto3, streamed to nothing)"],
+            "pull_admitted_copy_over_raw_get": fetch["pull --admitted-copy"]
             / fetch["raw GET of the chunks (boto3, streamed to nothing)"],
         }
         small = Engine(work / "small", remote="")
@@ -426,9 +436,21 @@ def bench_fleet(repeat: int, cold_start: bool = True) -> dict[str, object]:
             },
             repeat,
         )
+        # The same resolves in this process (no interpreter start, whose noise dwarfs a
+        # hit's): the engines are made once, each sample is one resolve into a fresh directory.
+        engines = {"no remote": Engine(small.root, remote=""), "remote configured": Engine(small.root, remote=url)}
+        in_process = medians(
+            {
+                f"resolve in process, {name}": lambda i, name=name, e=e: e.resolve(KEY, work / f"ip-{name[0]}-{i}")
+                for name, e in engines.items()
+            },
+            repeat * 10,
+        )
         results["local_hit"] = {
-            "median_s": hit,
+            "median_s": {**hit, **in_process},
             "remote_over_none": hit["resolve, remote configured"] / hit["resolve, no remote"],
+            "remote_over_none_in_process": in_process["resolve in process, remote configured"]
+            / in_process["resolve in process, no remote"],
         }
         if cold_start:
             results["cold_start"] = bench_fleet_cold_start(work, moto, env)
