@@ -214,9 +214,6 @@ async fn within<T>(
     }
 }
 
-/// Concurrent HEAD requests of one [`Client::head_all`].
-const HEADS_IN_FLIGHT: usize = 8;
-
 impl Client {
     /// Build the client and its runtime (two worker threads).
     pub fn build(config: &RemoteConfig) -> Result<Client> {
@@ -268,22 +265,6 @@ impl Client {
             let bytes = r.bytes().await?;
             Ok((bytes, meta))
         })
-    }
-
-    /// HEAD of every path, up to `HEADS_IN_FLIGHT` at a time, results in
-    /// the order of `paths`; each answer within the client's timeout.
-    pub fn head_all(&self, paths: Vec<Path>) -> Vec<std::result::Result<ObjectMeta, Fail>> {
-        use futures_util::StreamExt;
-        let limit = self.config.timeout;
-        let heads = paths.into_iter().map(|path| {
-            let store = Arc::clone(&self.store);
-            async move { within(limit, store.head(&path)).await }
-        });
-        self.runtime.block_on(
-            futures_util::stream::iter(heads)
-                .buffered(HEADS_IN_FLIGHT)
-                .collect(),
-        )
     }
 
     /// HEAD.
