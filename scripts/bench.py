@@ -409,8 +409,9 @@ def bench_fleet(repeat: int, cold_start: bool = True) -> dict[str, object]:
                 CLI_BASE, "import", "--cas-root", work / f"bimp-{i}", KEY, envelope
             )
         fetch = medians(cases, max(3, repeat // 3))
-        for p in [*work.glob("pull-*"), *work.glob("apull-*"), *work.glob("imp-*"), *work.glob("bpull-*"), *work.glob("bimp-*")]:
-            shutil.rmtree(p)
+        for prefix in ("pull", "apull", "imp", "bpull", "bimp"):
+            for p in work.glob(f"{prefix}-*"):
+                shutil.rmtree(p)
         results["fetch_256mib"] = {
             "artifact_bytes": envelope.stat().st_size,
             "chunks": len(chunk_keys),
