@@ -398,7 +398,11 @@ impl Engine {
             }
             (Err(_), Some(StreamFailure::Missing(why))) => {
                 warn(format_args!("{key}: {why}: a miss"));
-                self.count(Counter::RemoteMiss);
+                // Under a trust policy the candidates' loop counts the miss
+                // once, after its last candidate (as for a missing manifest).
+                if signatures.is_none() {
+                    self.count(Counter::RemoteMiss);
+                }
                 return Fetched::Miss;
             }
             (Err(e), None) if e.kind() == Kind::Admission => {
