@@ -397,4 +397,24 @@ fn push_uploads_records_and_pull_admits_them_under_the_policy() {
         (Some(Source::Remote), 1)
     );
     assert_eq!(n.signers(KEY).unwrap().len(), 1);
+    // The signed record's chunk gone from the remote: a trusting store's
+    // pull is a miss, counted once, with no error and no report.
+    let c = r.client().unwrap();
+    let l = r.layout();
+    let (rb, _) = c.get_small(&l.graph_ref(KEY), 4096).unwrap();
+    let rec = tcg_remote::RefRecord::parse(&rb).unwrap();
+    let (mb, _) = c.get_small(&l.manifest(&rec.manifest), 1 << 20).unwrap();
+    let man = tcg_cas::Manifest::parse(&mb, &rec.manifest).unwrap();
+    c.delete(&l.chunk(&man.chunks[0].digest)).unwrap();
+    let m = f.engine("m", None, true);
+    let pulled = m.pull_key(KEY, false).unwrap();
+    assert_eq!((pulled.source, pulled.refused.is_none()), (None, true));
+    assert_eq!(
+        (
+            stat(&m, "remote_misses"),
+            stat(&m, "remote_errors"),
+            stat(&m, "remote_reports")
+        ),
+        (1, 0, 0)
+    );
 }
