@@ -399,10 +399,12 @@ impl StoreStage {
         admission: &mut dyn FnMut(&Metadata) -> Result<()>,
         members: Members,
     ) -> Result<crate::artifact::EnvelopeReport> {
+        if members == Members::Stage {
+            return crate::artifact::read_envelope(input, &self.path, admission);
+        }
         let mut sink = StoreMembers {
             store: engine.store.clone(),
             lease,
-            writes: members != Members::Stage,
             keeps: members == Members::Store,
             current: None,
             done: Vec::new(),
@@ -435,8 +437,6 @@ impl Drop for StoreStage {
 struct StoreMembers<'l> {
     store: tcg_cas::Store,
     lease: &'l tcg_cas::Lease,
-    /// The members are streamed into the store.
-    writes: bool,
     /// The checks read the stored members (nothing is staged as a file).
     keeps: bool,
     current: Option<(&'static str, tcg_cas::ChunkedWriter<'l>)>,
@@ -445,17 +445,12 @@ struct StoreMembers<'l> {
 
 impl crate::artifact::MemberSink for StoreMembers<'_> {
     fn begin(&mut self, member: &'static str, size: u64) -> Result<()> {
-        if self.writes {
-            self.current = Some((member, self.store.chunked_writer_sized(self.lease, size)));
-        }
+        self.current = Some((member, self.store.chunked_writer_sized(self.lease, size)));
         Ok(())
     }
 
     fn bytes(&mut self, data: &[u8]) -> Result<()> {
         use std::io::Write;
-        if !self.writes {
-            return Ok(());
-        }
         let (member, w) = self.current.as_mut().expect("begin comes first");
         let member: &'static str = member;
         w.write_all(data)
@@ -463,9 +458,6 @@ impl crate::artifact::MemberSink for StoreMembers<'_> {
     }
 
     fn end(&mut self) -> Result<()> {
-        if !self.writes {
-            return Ok(());
-        }
         let (member, w) = self.current.take().expect("begin comes first");
         let info = w.finish().map_err(store_err)?;
         self.done.push((member, info));

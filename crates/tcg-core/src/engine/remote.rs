@@ -461,21 +461,6 @@ impl Engine {
         }
     }
 
-    /// Bring `key` into the local store without resolving it anywhere, with
-    /// its admitted copy: `Local` when it is there already, `Remote` when
-    /// fetched, `None` when neither has it.
-    pub fn prefetch(&self, key: &str) -> crate::Result<Option<Source>> {
-        super::check_key(key)?;
-        let present = self
-            .store
-            .get_ref(&super::graph_ref(key))
-            .map_err(super::store_err)?;
-        if present.is_some() {
-            return Ok(Some(Source::Local));
-        }
-        Ok(self.fetch_remote(key).then_some(Source::Remote))
-    }
-
     /// Publish the local record `manifest` of `key` to the remote; a failure
     /// is a warning. Returns the remote's verdict when there was one.
     pub(crate) fn publish_remote(&self, key: &str, manifest: &str) -> Option<RemotePublication> {
