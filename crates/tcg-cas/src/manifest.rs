@@ -425,13 +425,11 @@ enum ToWhole {
     Data(Arc<Piece>),
     /// Hash from byte 0 (known chunks: the first is not hashed here).
     Fresh,
-    /// Continue from the state of the thread that hashed chunk 1, once it
-    /// has (the data sent after this is chunk 2 on).
-    After(mpsc::Receiver<Hasher>),
-    /// Continue from a state handed over with known chunks, once it comes,
-    /// if it is the state of the known first chunk (the data sent after
-    /// this is chunk 2 on).
-    AfterKnown(mpsc::Receiver<Hasher>, Digest),
+    /// Continue from the state after chunk 1, once it comes (the data sent
+    /// after this is chunk 2 on): from the thread that hashed chunk 1, or,
+    /// for known chunks, as handed over with them, and then only if it
+    /// finishes to the known first chunk's digest.
+    After(mpsc::Receiver<Hasher>, Option<Digest>),
 }
 
 /// The SHA-256 state after the first chunk of a file, handed over by whoever
@@ -655,7 +653,7 @@ fn hash_chunks(
                             drop(c.tx);
                             if let Some(state) = c.state {
                                 whole_on = true;
-                                let _ = whole.send(ToWhole::After(state));
+                                let _ = whole.send(ToWhole::After(state, None));
                             }
                             ChunkDigest::Hashing(c.digest)
                         }
@@ -664,7 +662,7 @@ fn hash_chunks(
                     Some(k) => {
                         if let (0, Some(FirstChunkState(state))) = (sealed, first_state.take()) {
                             whole_on = true;
-                            let _ = whole.send(ToWhole::AfterKnown(state, k[0].digest));
+                            let _ = whole.send(ToWhole::After(state, Some(k[0].digest)));
                         }
                         ChunkDigest::Known(match k.get(sealed) {
                             Some(c) if c.len == len => Ok(c.digest),
@@ -814,12 +812,14 @@ impl Pipeline {
                         recycle(v, &btx);
                     }
                     ToWhole::Fresh => h = Some(Hasher::default()),
-                    // None only when chunk 1's thread died (its panic is reported).
-                    ToWhole::After(state) => h = state.recv().ok(),
-                    // None when no state came, or not the first chunk's:
+                    // None when no state came (chunk 1's thread died, or the
+                    // caller sent none) or not the known first chunk's:
                     // `finish` then fails.
-                    ToWhole::AfterKnown(state, first) => {
-                        h = state.recv().ok().filter(|s| s.clone().finish() == first)
+                    ToWhole::After(state, first) => {
+                        h = state
+                            .recv()
+                            .ok()
+                            .filter(|s| first.is_none_or(|d| s.clone().finish() == d))
                     }
                 }
             }

@@ -265,7 +265,8 @@ struct InFlight {
 ///
 /// The whole-file digest is not hashed here: the verified chunks fix every
 /// byte, and the local chunked writer hashes the whole file anyway (it takes
-/// the chunk digests checked here instead of hashing the chunks again); the
+/// the chunk digests checked here instead of hashing the chunks again, and
+/// continues from the first chunk's state, [`EnvelopeStream::first_chunk_state`]); the
 /// engine then requires the local manifest it made to be the remote manifest
 /// (same digest), which also binds the remote's file digest and size
 /// (`fetch_remote`), before anything is published.
