@@ -61,4 +61,40 @@ def mint_for_engine(
         "literals": literals,
         # Kept beside the artifact so that a later miss can show the first differing lines.
         "witness_lines": canonical_lines(spec.program),
+        # The weights contract's facts, written into the package annex.
+        "weights": weight_facts(spec.program, list(declaration.graph["constant_fqns"])),
     }
+
+
+def weight_facts(program: Any, declared: list[str]) -> dict[str, Any]:
+    """What the exported program knows about each declared constant: its kind
+    and the names that share its storage (tied weights)."""
+    import torch
+    from torch.export.graph_signature import InputKind
+
+    kinds: dict[str, str] = {}
+    for spec in program.graph_signature.input_specs:
+        if spec.target is None:
+            continue
+        if spec.kind == InputKind.PARAMETER:
+            kinds[spec.target] = "parameter"
+        elif spec.kind == InputKind.BUFFER:
+            kinds[spec.target] = "buffer" if spec.persistent is not False else "non_persistent_buffer"
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            kinds[spec.target] = "constant"
+    values: dict[str, Any] = {**dict(program.constants), **dict(program.state_dict)}
+    storage: dict[tuple[Any, ...], list[str]] = {}
+    for name in declared:
+        value = values.get(name)
+        if isinstance(value, torch.Tensor) and value.numel() > 0:
+            key = (
+                value.untyped_storage().data_ptr(),
+                value.storage_offset(),
+                tuple(value.shape),
+                tuple(value.stride()),
+                value.dtype,
+                str(value.device),
+            )
+            storage.setdefault(key, []).append(name)
+    groups = sorted(sorted(names) for names in storage.values() if len(names) > 1)
+    return {"kinds": {name: kinds.get(name, "constant") for name in declared}, "alias_groups": groups}

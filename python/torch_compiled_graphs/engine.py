@@ -15,7 +15,7 @@ from . import _native
 # enum, dataclasses and pathlib would each cost more than the resolve itself.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping, Sequence
     from pathlib import Path
     from typing import Any, TypeAlias, TypeVar
 
@@ -257,35 +257,81 @@ class StoredCompiledGraph(_Record):
         """The ``sm`` axis the artifact was compiled for."""
         return str(self.metadata["sm"])
 
-    def load(self, weights: object, *, device: object = None) -> LoadedGraph:
-        """Load this graph and bind ``weights`` (an ``nn.Module`` or a state_dict); imports torch.
+    def load(
+        self, weights: object, *, device: object = None, strip_prefix: str = "", add_prefix: str = ""
+    ) -> LoadedGraph:
+        """Load this graph and bind ``weights``; imports torch.
 
-        Every constant is checked by fqn (presence, dtype, shape, device)
-        before anything is handed to the package loader; literal constants
-        come from ``constants.safetensors``.
+        ``weights`` is an ``nn.Module``, a state_dict, or a checkpoint on disk:
+        a ``.safetensors`` file, a sharded checkpoint's ``*.safetensors.index.json``
+        (as ``save_pretrained`` writes it), a directory holding either, or a
+        list of those (a checkpoint plus a file from :meth:`write_weights`).
+        Names bind through the artifact's weights contract
+        (:attr:`weights_contract`): any alias of a tied weight binds it,
+        declared names the compiler dropped are ignored (and listed on the
+        loaded graph's ``ignored_constants``), names foreign to the declaration
+        are refused, and a missing name is explained by its kind.
+        ``strip_prefix`` (``"unet."`` for a pipeline's checkpoint) keeps only
+        the names under it, without it; ``add_prefix`` puts a prefix in front.
+        Every constant is checked (dtype, shape, device) before anything is
+        handed to the package loader; literal constants come from
+        ``constants.safetensors``. See docs/run.md.
         """
         from .runner import LoadedGraph
 
-        return LoadedGraph(self, weights, device=device)
+        return LoadedGraph(self, weights, device=device, strip_prefix=strip_prefix, add_prefix=add_prefix)
 
     def load_native(
-        self, weights: StrPath, *, device: str | None = None, torch_lib: StrPath | None = None
+        self,
+        weights: StrPath | Sequence[StrPath],
+        *,
+        device: str | None = None,
+        torch_lib: StrPath | None = None,
+        strip_prefix: str = "",
+        add_prefix: str = "",
     ) -> NativeGraph:
-        """Load this graph without importing torch and bind ``weights`` (a ``.safetensors`` file).
+        """Load this graph without importing torch and bind ``weights`` from disk.
 
-        ``device`` is ``"cpu"`` for a CPU artifact and ``"cuda:N"`` for an
-        ``sm_NN`` one (default: ``"cpu"``, or ``"cuda:0"``); the GPU's
-        capability must be the artifact's. libtorch's shared libraries (and
-        ``libtorch_cuda`` for a GPU) are opened from ``torch_lib``, or from the
-        installed torch package (found without importing it). Every constant
-        is checked by fqn (presence, no extras, dtype, shape) before anything
-        is bound (on a GPU: before anything is copied to it); calls take
-        numpy-compatible or DLPack arrays and return DLPack-exportable
+        ``weights`` is a ``.safetensors`` file, a sharded checkpoint's
+        ``*.safetensors.index.json``, a directory holding either, or a list of
+        those; names bind through the weights contract as for :meth:`load`,
+        with the same prefixes. ``device`` is ``"cpu"`` for a CPU artifact and
+        ``"cuda:N"`` for an ``sm_NN`` one (default: ``"cpu"``, or ``"cuda:0"``);
+        the GPU's capability must be the artifact's. libtorch's shared
+        libraries (and ``libtorch_cuda`` for a GPU) are opened from
+        ``torch_lib``, or from the installed torch package (found without
+        importing it). Every constant is checked by fqn (dtype, shape) before
+        anything is bound (on a GPU: before anything is copied to it); calls
+        take numpy-compatible or DLPack arrays and return DLPack-exportable
         tensors. See docs/run.md.
         """
         from .native import NativeGraph
 
-        return NativeGraph(self, weights, device=device, torch_lib=torch_lib)
+        return NativeGraph(
+            self, weights, device=device, torch_lib=torch_lib, strip_prefix=strip_prefix, add_prefix=add_prefix
+        )
+
+    @property
+    def weights_contract(self) -> dict[str, Any]:
+        """What binding needs: ``kinds`` (each declared constant's kind:
+        ``parameter``, ``buffer``, ``non_persistent_buffer``, ``constant``),
+        ``alias_groups`` (declared names that share storage), ``dropped``
+        (declared names the compiled table does not bind), ``bound`` (the names
+        the weights must provide, in table order) and ``recorded`` (false for an
+        artifact minted without a contract, whose kinds are ``unknown``)."""
+        return dict(_native.package_weights_contract(os.fspath(self.package_path), self.metadata))
+
+    def write_weights(self, module: object, path: StrPath, *, non_persistent_only: bool = False) -> Path:
+        """Write what this graph binds, taken from ``module`` (an ``nn.Module``), to a
+        ``.safetensors`` file for :meth:`load_native`: every constant the table binds,
+        under its table name, or with ``non_persistent_only`` only the
+        non-persistent buffers (the values no ``state_dict()`` or
+        ``save_pretrained()`` checkpoint holds), to pass beside the user's
+        checkpoint. Imports torch. Values come from the module, never from
+        the artifact."""
+        from .runner import write_weights
+
+        return write_weights(self, module, path, non_persistent_only=non_persistent_only)
 
     @property
     def constants(self) -> list[dict[str, Any]]:

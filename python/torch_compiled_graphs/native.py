@@ -312,18 +312,47 @@ def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int], object]:
     return address, nbytes, dtype, shape, keep
 
 
+def _naming(strip_prefix: object, add_prefix: object) -> tuple[str, str]:
+    if not isinstance(strip_prefix, str) or not isinstance(add_prefix, str):
+        raise BindingError("strip_prefix and add_prefix must be strings", "run.weights_invalid")
+    return strip_prefix, add_prefix
+
+
+def _weight_paths(weights: object) -> list[str]:
+    """The weights argument as a list of paths: one path, or a list or tuple of them."""
+    items = list(weights) if isinstance(weights, (list, tuple)) else [weights]
+    if not items:
+        raise BindingError("no weights path was given", "run.weights_invalid")
+    out = []
+    for item in items:
+        if not isinstance(item, (str, os.PathLike)):
+            raise BindingError(
+                f"weights must be a path or a list of paths, got {type(item).__qualname__}", "run.weights_invalid"
+            )
+        out.append(os.fspath(item))
+    return out
+
+
 class NativeGraph:
     """A resolved graph loaded without torch: call it like the original module, with arrays."""
 
     def __init__(
         self,
         stored: StoredCompiledGraph,
-        weights: StrPath,
+        weights: StrPath | Sequence[StrPath],
         *,
         device: str | None = None,
         torch_lib: StrPath | None = None,
+        strip_prefix: str = "",
+        add_prefix: str = "",
     ) -> None:
         self._stored = stored
+        self._naming = _naming(strip_prefix, add_prefix)
+        #: Names the weights provided that the graph does not bind: declared
+        #: constants the compiler dropped (unused by the compiled code).
+        self.ignored_constants: list[str] = []
+        #: Tensors of the weights skipped for lying outside ``strip_prefix``.
+        self.outside_prefix = 0
         if device is None:
             device = "cpu" if stored.sm.startswith("cpu") else "cuda:0"
         if not isinstance(device, str):
@@ -337,6 +366,7 @@ class NativeGraph:
         self._model = _native.NativeModel(
             lib, os.fspath(stored.package_path), stored.graph_class, device, stored.sm, rows
         )
+        self._model.set_contract(os.fspath(stored.package_path), stored.metadata)
         self._stream = 0
         in_text, out_text = self._model.call_spec
         self._in = _parse_spec(in_text, "input")
@@ -416,11 +446,15 @@ class NativeGraph:
         if self.device != "cpu":
             _native.synchronize(self._lib, self._stream)
 
-    def rebind(self, weights: StrPath) -> None:
-        """Bind a new weights file (``.safetensors``) with the same checks as loading."""
+    def rebind(self, weights: StrPath | Sequence[StrPath]) -> None:
+        """Bind new weights (the forms :meth:`StoredCompiledGraph.load_native` takes, with
+        the prefixes given at load) with the same checks as loading."""
         literals = os.path.join(self._stored.path, "constants.safetensors")
         has_literals = any(r["source"] == "literal" for r in self._stored.constants)
-        self._model.bind(os.fspath(weights), literals if has_literals else None)
+        ignored, outside = self._model.bind(
+            _weight_paths(weights), literals if has_literals else None, *self._naming
+        )
+        self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
 
     def _check(self, index: int, path: str, dtype: str, shape: list[int], bound: dict[str, int]) -> None:
         _, want, dims = self._facts[index]

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import _native
 from .errors import BindingError
 
 if TYPE_CHECKING:
@@ -53,13 +55,39 @@ def _device(stored: StoredCompiledGraph, device: object) -> Any:
     return dev
 
 
+def _from_files(weights: object) -> dict[str, Any]:
+    """Every tensor of a checkpoint on disk (the forms ``load_native`` takes), on the CPU."""
+    from safetensors.torch import load_file
+
+    from .native import _weight_paths
+
+    out: dict[str, Any] = {}
+    for path in _weight_paths(weights):
+        for file, names in _native.checkpoint_files(path):
+            try:
+                tensors = load_file(file)
+            except Exception as exc:
+                raise BindingError(f"{file} is not a readable safetensors file: {exc}", "run.weights_invalid") from exc
+            if names is not None and set(tensors) != set(names):
+                raise BindingError(f"{file} does not hold what its index maps to it", "run.weights_invalid")
+            for name, tensor in tensors.items():
+                if name in out:
+                    raise BindingError(f"{name!r} is in two of the weights files", "run.weights_invalid")
+                out[name] = tensor
+    return out
+
+
 def _weights(weights: object) -> dict[str, Any]:
     import torch
 
     if isinstance(weights, torch.nn.Module):
+        # Every name a user's module has for each tensor: tied weights under
+        # each of their names, non-persistent buffers too.
         named: dict[str, Any] = dict(weights.named_parameters(remove_duplicate=False))
         named.update(weights.named_buffers(remove_duplicate=False))
         return named
+    if isinstance(weights, (str, os.PathLike, list, tuple)):
+        return _from_files(weights)
     if isinstance(weights, Mapping):
         out: dict[str, Any] = {}
         for name, value in weights.items():
@@ -71,8 +99,24 @@ def _weights(weights: object) -> dict[str, Any]:
             out[name] = value
         return out
     raise BindingError(
-        f"weights must be an nn.Module or a state_dict, got {type(weights).__qualname__}", "run.weights_invalid"
+        "weights must be an nn.Module, a state_dict or a checkpoint path, got " f"{type(weights).__qualname__}",
+        "run.weights_invalid",
     )
+
+
+def _renamed(named: dict[str, Any], strip_prefix: str, add_prefix: str) -> tuple[dict[str, Any], int]:
+    if not strip_prefix and not add_prefix:
+        return named, 0
+    out: dict[str, Any] = {}
+    skipped = 0
+    for name, value in named.items():
+        if strip_prefix:
+            if not name.startswith(strip_prefix):
+                skipped += 1
+                continue
+            name = name[len(strip_prefix) :]
+        out[add_prefix + name] = value
+    return out, skipped
 
 
 def _check(name: str, tensor: Any, row: Mapping[str, Any], device: Any) -> Any:
@@ -93,11 +137,30 @@ def _check(name: str, tensor: Any, row: Mapping[str, Any], device: Any) -> Any:
 class LoadedGraph:
     """A resolved graph loaded with its constants bound: call it like the original module."""
 
-    def __init__(self, stored: StoredCompiledGraph, weights: object, *, device: object = None) -> None:
+    def __init__(
+        self,
+        stored: StoredCompiledGraph,
+        weights: object,
+        *,
+        device: object = None,
+        strip_prefix: str = "",
+        add_prefix: str = "",
+    ) -> None:
         import torch
 
+        from .native import _naming
+
         self._stored = stored
+        self._naming = _naming(strip_prefix, add_prefix)
+        #: Names the weights provided that the graph does not bind: declared
+        #: constants the compiler dropped (unused by the compiled code).
+        self.ignored_constants: list[str] = []
+        #: Tensors of the weights skipped for lying outside ``strip_prefix``.
+        self.outside_prefix = 0
         self.device = _device(stored, device)
+        # A .so that carries its own C++ runtime crashes torch's package loader:
+        # refused before the loader sees it.
+        _native.package_check_torch_loader(os.fspath(stored.package_path), stored.graph_class)
         self._rows: dict[str, Mapping[str, Any]] = {row["fqn"]: row for row in stored.constants}
         index = -1 if self.device.type == "cpu" else int(self.device.index)
         try:
@@ -151,21 +214,32 @@ class LoadedGraph:
 
     def rebind(self, weights: object) -> None:
         """Bind new weights (after an out-of-place change), with the same checks as loading."""
-        named = _weights(weights)
-        wanted = self.constant_fqns
-        missing = [fqn for fqn in wanted if fqn not in named]
-        if missing:
-            raise BindingError(f"weights lack constants the graph needs: {missing}", "run.constant_missing")
-        extra = sorted(set(named) - set(wanted))
-        if extra:
-            raise BindingError(f"weights hold names the graph has no constant for: {extra}", "run.constant_unexpected")
-        bound = {fqn: _check(fqn, named[fqn], self._rows[fqn], self.device) for fqn in wanted}
+        import torch
+
+        named, outside = _renamed(_weights(weights), *self._naming)
+        plan = _native.package_plan_binding(os.fspath(self._stored.package_path), self._stored.metadata, list(named))
+        for bound_name, other in plan["duplicates"]:
+            a, b = named[bound_name], named[other]
+            same = a is b or (
+                a.dtype == b.dtype
+                and a.shape == b.shape
+                and a.device == b.device
+                and (a.data_ptr() == b.data_ptr() or bool(torch.equal(a, b)))
+            )
+            if not same:
+                raise BindingError(
+                    f"{bound_name!r} and {other!r} share storage in the exported program, "
+                    "but the weights hold different values for them",
+                    "run.constant_mismatch",
+                )
+        bound = {fqn: _check(fqn, named[name], self._rows[fqn], self.device) for fqn, name in plan["bind"]}
         bound.update(self._literals)
         # Folded ("computed") constants are recomputed by the package from what is bound.
         # (constants, use_inactive=False, check_full_update=True): the positional form both
         # torch 2.11 and 2.15 accept; user_managed and allow_h2d_copy keep their False defaults.
         self._loader.load_constants(bound, False, True)
         self._bound = bound
+        self.ignored_constants, self.outside_prefix = list(plan["ignored"]), outside
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the graph with the original module's ``(args, kwargs)`` convention."""
@@ -191,5 +265,31 @@ class LoadedGraph:
 
 
 def load(stored: StoredCompiledGraph, weights: object, *, device: object = None) -> LoadedGraph:
-    """Load ``stored`` and bind ``weights`` (an ``nn.Module`` or a state_dict)."""
+    """Load ``stored`` and bind ``weights`` (an ``nn.Module``, a state_dict or a checkpoint path)."""
     return LoadedGraph(stored, weights, device=device)
+
+
+def write_weights(
+    stored: StoredCompiledGraph, module: object, path: str | os.PathLike[str], *, non_persistent_only: bool = False
+) -> Path:
+    """See :meth:`StoredCompiledGraph.write_weights`."""
+    import torch
+    from safetensors.torch import save_file
+
+    if not isinstance(module, torch.nn.Module):
+        raise BindingError(
+            f"write_weights takes the nn.Module the graph was exported from, got {type(module).__qualname__}",
+            "run.weights_invalid",
+        )
+    named = _weights(module)
+    plan = _native.package_plan_binding(os.fspath(stored.package_path), stored.metadata, list(named))
+    kinds = stored.weights_contract["kinds"]
+    rows = {row["fqn"]: row for row in stored.constants}
+    out: dict[str, Any] = {}
+    for fqn, name in plan["bind"]:
+        if non_persistent_only and kinds.get(fqn) != "non_persistent_buffer":
+            continue
+        out[fqn] = _check(fqn, named[name].detach().cpu(), rows[fqn], torch.device("cpu")).clone()
+    target = Path(path)
+    save_file(out, os.fspath(target), metadata={"written_by": "torch-compiled-graphs", "graph": stored.key})
+    return target

@@ -127,6 +127,8 @@ codes! {
     ArtifactClassHashMismatch => Artifact, "artifact.class_hash_mismatch";
     ArtifactKeyMismatch => Artifact, "artifact.key_mismatch";
     ArtifactConstantsInvalid => Artifact, "artifact.constants_invalid";
+    /// The package annex (`extra/torch-compiled-graphs.json`: the weights contract) is malformed or contradicts the metadata.
+    ArtifactAnnexInvalid => Artifact, "artifact.annex_invalid";
     ArtifactLiteralsMismatch => Artifact, "artifact.literals_mismatch";
     ArtifactFormatUnsupported => Artifact, "artifact.format_unsupported";
     ArtifactPackageZip => Artifact, "artifact.package_zip";
@@ -256,6 +258,8 @@ codes! {
     RunTorchMismatch => Binding, "run.torch_mismatch";
     /// The native load path cannot run this artifact (a CUDA target, an unsupported call structure).
     RunNativeUnsupported => Binding, "run.native_unsupported";
+    /// torch's package loader cannot load this artifact safely (its `.so` carries its own C++ runtime).
+    RunLoaderUnsupported => Binding, "run.loader_unsupported";
     /// An input's dtype, rank or dimensions do not fit what the graph was compiled for.
     RunInputMismatch => Binding, "run.input_mismatch";
     /// An input's memory is not a C-contiguous, aligned buffer the graph can read in place.

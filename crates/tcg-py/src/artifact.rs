@@ -19,6 +19,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(artifact_inspect, m)?)?;
     m.add_function(wrap_pyfunction!(artifact_verify, m)?)?;
     m.add_function(wrap_pyfunction!(package_constant_table, m)?)?;
+    m.add_function(wrap_pyfunction!(package_weights_contract, m)?)?;
+    m.add_function(wrap_pyfunction!(package_plan_binding, m)?)?;
+    m.add_function(wrap_pyfunction!(package_check_torch_loader, m)?)?;
     m.add("ENVELOPE_FILE_NAME", artifact::ENVELOPE_FILE_NAME)?;
     m.add("METADATA_MEMBER", artifact::METADATA_MEMBER)?;
     m.add("PACKAGE_MEMBER", artifact::PACKAGE_MEMBER)?;
@@ -117,4 +120,113 @@ fn package_constant_table(py: Python<'_>, package: PathBuf) -> PyResult<Bound<'_
         py,
         &Value::Array(rows.iter().map(|r| r.to_value()).collect()),
     )
+}
+
+/// The declared constant fqns and constant rows of a metadata mapping the
+/// caller already verified (a resolved graph's): read, not validated again.
+pub(crate) fn contract_inputs(
+    metadata: &Bound<'_, PyAny>,
+) -> PyResult<(
+    std::collections::BTreeSet<String>,
+    Vec<artifact::ConstantRow>,
+)> {
+    let md = to_value(metadata, "metadata")
+        .map_err(|e| tcg_core::Error::from_cj(Kind::Artifact, &e))
+        .py()?;
+    let bad = |what: &str| {
+        tcg_core::Error::new(
+            tcg_core::Code::RunPackageInvalid,
+            format!("the graph's metadata has no valid {what}"),
+        )
+    };
+    let class = md
+        .as_object()
+        .and_then(|o| o.get("graph_class"))
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("graph_class"))
+        .py()?;
+    let declared = class
+        .get("graph")
+        .and_then(Value::as_object)
+        .and_then(|g| g.get("constant_fqns"))
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("graph.constant_fqns"))
+        .py()?
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| bad("graph.constant_fqns"))
+        })
+        .collect::<Result<_, _>>()
+        .py()?;
+    let rows = class
+        .get("constants")
+        .and_then(Value::as_array)
+        .ok_or_else(|| bad("constants"))
+        .py()?
+        .iter()
+        .map(artifact::ConstantRow::from_value)
+        .collect::<Result<Vec<_>, _>>()
+        .py()?;
+    Ok((declared, rows))
+}
+
+/// The weights contract of a resolved package (its annex's, or the one its
+/// metadata implies): `{"v", "kinds", "alias_groups", "dropped", "bound", "recorded"}`.
+#[pyfunction]
+fn package_weights_contract<'py>(
+    py: Python<'py>,
+    package: PathBuf,
+    metadata: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (declared, rows) = contract_inputs(metadata)?;
+    let contract = py
+        .detach(|| artifact::package::weights_contract_of(&package, &declared, &rows))
+        .py()?;
+    from_value(py, &contract.to_report())
+}
+
+/// Plan how `names` bind the package's constants: `{"bind": [[row, name], ...],
+/// "duplicates": [[bound, other], ...], "ignored": [name, ...]}`, or the
+/// refusal (`run.constant_unexpected`, `run.constant_missing`).
+#[pyfunction]
+fn package_plan_binding<'py>(
+    py: Python<'py>,
+    package: PathBuf,
+    metadata: &Bound<'py, PyAny>,
+    names: Vec<String>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (declared, rows) = contract_inputs(metadata)?;
+    let plan = py
+        .detach(|| {
+            artifact::package::weights_contract_of(&package, &declared, &rows)?
+                .plan(names.iter().map(String::as_str))
+        })
+        .py()?;
+    let pair = |(a, b): &(String, String)| {
+        Value::Array(vec![Value::Str(a.clone()), Value::Str(b.clone())])
+    };
+    let mut out = Map::new();
+    out.insert(
+        "bind".into(),
+        Value::Array(plan.bind.iter().map(pair).collect()),
+    );
+    out.insert(
+        "duplicates".into(),
+        Value::Array(plan.duplicates.iter().map(pair).collect()),
+    );
+    out.insert(
+        "ignored".into(),
+        Value::Array(plan.ignored.iter().cloned().map(Value::Str).collect()),
+    );
+    from_value(py, &Value::Object(out))
+}
+
+/// Refuse (`run.loader_unsupported`) a package torch's package loader cannot
+/// load safely: its `.so` carries its own C++ runtime.
+#[pyfunction]
+fn package_check_torch_loader(py: Python<'_>, package: PathBuf, entry: String) -> PyResult<()> {
+    py.detach(|| artifact::package::check_torch_loader(&package, &entry))
+        .py()
 }

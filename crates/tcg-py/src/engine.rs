@@ -138,6 +138,10 @@ fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
             Some(lines) if !lines.is_none() => Some(lines.extract()?),
             _ => None,
         },
+        weights: match d.get_item("weights")? {
+            Some(w) if !w.is_none() => Some(json(&w, "weights")?),
+            _ => None,
+        },
     })
 }
 

@@ -20,6 +20,7 @@ use crate::dlpack::{capsule, DLPackInput};
 use crate::errors::IntoPyResult;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(checkpoint_files, m)?)?;
     m.add_class::<NativeModel>()?;
     m.add_class::<NativeTensor>()?;
     m.add_class::<DLPackInput>()?;
@@ -136,12 +137,50 @@ impl NativeModel {
         })
     }
 
-    /// Bind the weights file (and the literal payload when the graph has literals).
-    #[pyo3(signature = (weights, literals=None))]
-    fn bind(&self, py: Python<'_>, weights: PathBuf, literals: Option<PathBuf>) -> PyResult<()> {
+    /// Use the weights contract of `package` (its annex, or what `metadata`
+    /// implies) for every later bind.
+    fn set_contract(
+        &self,
+        py: Python<'_>,
+        package: PathBuf,
+        metadata: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let (declared, rows) = crate::artifact::contract_inputs(metadata)?;
         let graph = Arc::clone(&self.inner);
-        py.detach(move || graph.bind(&weights, literals.as_deref()))
-            .py()
+        py.detach(move || {
+            let contract =
+                tcg_core::artifact::package::weights_contract_of(&package, &declared, &rows)?;
+            graph.set_contract(contract);
+            Ok::<(), Error>(())
+        })
+        .py()
+    }
+
+    /// Bind the weights (safetensors files, sharded checkpoints by their
+    /// index, or directories holding either; names mapped by the prefixes)
+    /// and the literal payload when the graph has literals. Returns
+    /// `(ignored names, tensors outside strip_prefix)`.
+    #[pyo3(signature = (weights, literals=None, strip_prefix=String::new(), add_prefix=String::new()))]
+    fn bind(
+        &self,
+        py: Python<'_>,
+        weights: Vec<PathBuf>,
+        literals: Option<PathBuf>,
+        strip_prefix: String,
+        add_prefix: String,
+    ) -> PyResult<(Vec<String>, usize)> {
+        let graph = Arc::clone(&self.inner);
+        let naming = tcg_run::weights::Naming {
+            strip_prefix,
+            add_prefix,
+        };
+        let report = py
+            .detach(move || {
+                let checkpoint = tcg_run::weights::Checkpoint::open(&weights, &naming)?;
+                graph.bind_checkpoint(&checkpoint, literals.as_deref())
+            })
+            .py()?;
+        Ok((report.ignored, report.outside_prefix))
     }
 
     /// Run on `inputs` with the work queued on `stream` (0: the legacy
@@ -380,4 +419,21 @@ impl NativeTensor {
             self.inner.device()
         )
     }
+}
+
+/// The safetensors files a weights path stands for (a file, a sharded
+/// checkpoint's index, a directory holding either), each with the names its
+/// index maps to it (`None` without an index).
+#[pyfunction]
+fn checkpoint_files(
+    py: Python<'_>,
+    path: PathBuf,
+) -> PyResult<Vec<(PathBuf, Option<Vec<String>>)>> {
+    let files = py
+        .detach(|| tcg_run::weights::checkpoint_files(&path))
+        .py()?;
+    Ok(files
+        .into_iter()
+        .map(|(f, names)| (f, names.map(|n| n.into_iter().collect())))
+        .collect())
 }

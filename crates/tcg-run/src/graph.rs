@@ -22,7 +22,19 @@ use crate::extract::{extract, Extracted};
 use crate::inputs::{input_facts, InputFact};
 use crate::stdmap::CxxAbi;
 use crate::torch::{BorrowedTensor, Dtype, TensorHandle, Torch};
-use crate::weights::Mapped;
+use crate::weights::{Checkpoint, Mapped, Naming};
+use tcg_core::artifact::weights::WeightsContract;
+
+/// What a bind did besides binding: the provided names the graph does not
+/// bind (declared, dropped by the compiler) and how many tensors lay outside
+/// the `strip_prefix`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BindReport {
+    /// Provided names the compiled table does not bind, sorted.
+    pub ignored: Vec<String>,
+    /// Tensors skipped for lying outside `strip_prefix`.
+    pub outside_prefix: usize,
+}
 
 type Container = *mut c_void;
 
@@ -110,6 +122,8 @@ pub struct Graph {
     pub(crate) lock: RwLock<()>,
     // libstdc++'s layout and hash, when the runtime binds through a std map.
     cxx: Option<CxxAbi>,
+    // How provided names bind the table (the artifact's weights contract).
+    contract: RwLock<WeightsContract>,
     // Dropped after the container (field order): the .so, then its directory.
     _library: Library,
     _extracted: Extracted,
@@ -271,6 +285,7 @@ impl Graph {
             input_facts: None,
             lock: RwLock::new(()),
             cxx,
+            contract: RwLock::new(WeightsContract::from_rows(&[])),
             _library: library,
             _extracted: extracted,
         };
@@ -382,6 +397,8 @@ impl Graph {
                 )));
             }
         }
+        let rows: Vec<ConstantRow> = by_fqn.values().cloned().collect();
+        self.set_contract(WeightsContract::from_rows(&rows));
         self.rows = by_fqn;
         Ok(())
     }
@@ -452,37 +469,48 @@ impl Graph {
     /// when the graph has literal rows). Every constant is checked (presence,
     /// no extras, dtype, shape) before anything reaches the container; the
     /// folded constants are recomputed from these values on the next run.
-    pub fn bind(&self, weights: &Path, literals: Option<&Path>) -> Result<()> {
-        let weights = Mapped::open(weights, Code::RunWeightsInvalid)?;
-        let weight_entries = weights.tensors(Code::RunWeightsInvalid)?;
-        let wanted: Vec<&str> = self.weight_fqns();
-        let missing: Vec<&&str> = wanted
+    pub fn bind(&self, weights: &Path, literals: Option<&Path>) -> Result<BindReport> {
+        let checkpoint = Checkpoint::open(&[weights.to_owned()], &Naming::default())?;
+        self.bind_checkpoint(&checkpoint, literals)
+    }
+
+    /// Use `contract` (the artifact's weights contract) for every later bind:
+    /// aliases bind, declared names the table dropped are ignored, a missing
+    /// name is explained by its kind. Without it, the weights must hold
+    /// exactly the table's rows.
+    pub fn set_contract(&self, contract: WeightsContract) {
+        *self.contract.write().unwrap_or_else(|p| p.into_inner()) = contract;
+    }
+
+    /// [`Graph::bind`] of a checkpoint already read (one file, a sharded
+    /// checkpoint, a prefix applied).
+    pub fn bind_checkpoint(
+        &self,
+        checkpoint: &Checkpoint,
+        literals: Option<&Path>,
+    ) -> Result<BindReport> {
+        let plan = self
+            .contract
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .plan(checkpoint.names())?;
+        for (bound, other) in &plan.duplicates {
+            let (a, a_bytes) = checkpoint.get(bound).expect("planned from these names");
+            let (b, b_bytes) = checkpoint.get(other).expect("planned from these names");
+            if a.dtype != b.dtype || a.shape != b.shape || a_bytes != b_bytes {
+                return Err(Error::new(
+                    Code::RunConstantMismatch,
+                    format!(
+                        "{bound:?} and {other:?} share storage in the exported program, but the weights hold different values for them"
+                    ),
+                ));
+            }
+        }
+        let source_of: BTreeMap<&str, &str> = plan
+            .bind
             .iter()
-            .filter(|f| !weight_entries.contains_key(**f))
+            .map(|(row, name)| (row.as_str(), name.as_str()))
             .collect();
-        if !missing.is_empty() {
-            return Err(Error::new(
-                Code::RunConstantMissing,
-                format!(
-                    "{} lacks constants the graph needs: {missing:?}",
-                    weights.path().display()
-                ),
-            ));
-        }
-        let wanted_set: BTreeSet<&str> = wanted.iter().copied().collect();
-        let extra: Vec<&String> = weight_entries
-            .keys()
-            .filter(|k| !wanted_set.contains(k.as_str()))
-            .collect();
-        if !extra.is_empty() {
-            return Err(Error::new(
-                Code::RunConstantUnexpected,
-                format!(
-                    "{} holds names the graph has no constant for: {extra:?}",
-                    weights.path().display()
-                ),
-            ));
-        }
         let literal_file = if self.has_literals() {
             let path = literals.ok_or_else(|| {
                 Error::new(
@@ -518,25 +546,40 @@ impl Graph {
         let mut checked: Vec<(&ContainerConstant, &[u8], Vec<i64>)> = Vec::new();
         for c in self.constants.iter().filter(|c| !c.from_folded) {
             let row = &self.rows[&c.fqn];
-            let (file, entry) = match row.source {
-                ConstantSource::Literal => (
-                    literal_file.as_ref().expect("checked above"),
-                    &literal_entries[&c.fqn],
-                ),
-                _ => (&weights, &weight_entries[&c.fqn]),
+            let (name, entry, bytes) = match row.source {
+                ConstantSource::Literal => {
+                    let file = literal_file.as_ref().expect("checked above");
+                    let entry = &literal_entries[&c.fqn];
+                    (c.fqn.as_str(), entry, file.bytes(entry))
+                }
+                _ => {
+                    let name = source_of.get(c.fqn.as_str()).copied().unwrap_or(&c.fqn);
+                    let (entry, bytes) = checkpoint.get(name).ok_or_else(|| {
+                        Error::new(
+                            Code::RunConstantMissing,
+                            format!("the weights lack {name:?}"),
+                        )
+                    })?;
+                    (name, entry, bytes)
+                }
             };
             let shape: Vec<u64> = entry.shape.iter().map(|&d| d as u64).collect();
             if entry.dtype != row.dtype || shape != row.shape {
+                let shown = if name == c.fqn {
+                    format!("{:?}", c.fqn)
+                } else {
+                    format!("{:?} (bound from its alias {name:?})", c.fqn)
+                };
                 return Err(Error::new(
                     Code::RunConstantMismatch,
                     format!(
-                        "constant {:?} is {}{:?}, the graph was compiled for {}{:?}",
-                        c.fqn, entry.dtype, entry.shape, row.dtype, row.shape
+                        "constant {shown} is {}{:?}, the graph was compiled for {}{:?}",
+                        entry.dtype, entry.shape, row.dtype, row.shape
                     ),
                 ));
             }
             let shape: Vec<i64> = entry.shape.iter().map(|&d| d as i64).collect();
-            checked.push((c, file.bytes(entry), shape));
+            checked.push((c, bytes, shape));
         }
         // On a GPU the mapped bytes go to one staging allocation first (the
         // container refuses host tensors for device constants and copies from
@@ -634,7 +677,10 @@ impl Graph {
                 last_error(self.api.last_error)
             )));
         }
-        Ok(())
+        Ok(BindReport {
+            ignored: plan.ignored,
+            outside_prefix: checkpoint.skipped(),
+        })
     }
 }
 

@@ -11,16 +11,17 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use sha2::{Digest, Sha256};
 use tcg_core::engine::{Engine, Resolved};
 use tcg_core::{Code, Error, Result};
 
 use crate::cuda::Device;
-use crate::graph::{Graph, Input};
+use crate::graph::{BindReport, Graph, Input};
 use crate::inputs::Dim;
 use crate::torch::{OwnedTensor, Torch};
+use crate::weights::{Checkpoint, Naming};
 
 /// One dimension the call ingress states.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +50,7 @@ pub struct Served {
     symbols: Symbols,
     ranges: Ranges,
     torch_check: &'static str,
+    bind_report: RwLock<BindReport>,
 }
 
 impl std::fmt::Debug for Served {
@@ -197,6 +199,26 @@ impl Served {
         device: &str,
         weights: &Path,
     ) -> Result<Served> {
+        Served::load_with(
+            resolved,
+            torch_lib,
+            device,
+            &[weights.to_owned()],
+            &Naming::default(),
+        )
+    }
+
+    /// [`Served::load`] from one or more weights paths (safetensors files,
+    /// sharded checkpoints by their index, directories holding either), their
+    /// names mapped by `naming`; bound by the artifact's weights contract
+    /// (aliases bind, declared names the compiler dropped are ignored).
+    pub fn load_with(
+        resolved: Resolved,
+        torch_lib: &Path,
+        device: &str,
+        weights: &[PathBuf],
+        naming: &Naming,
+    ) -> Result<Served> {
         let torch_check = check_torch(&resolved, torch_lib)?;
         let torch = Torch::open(torch_lib)?;
         let graph = Graph::load(
@@ -258,11 +280,24 @@ impl Served {
                 (facts, BTreeMap::new(), ranges)
             }
         };
+        let package = resolved
+            .destination
+            .join(tcg_core::artifact::PACKAGE_MEMBER);
+        graph.set_contract(tcg_core::artifact::package::weights_contract(
+            &package,
+            &resolved.metadata,
+        )?);
         let literals = resolved
             .destination
             .join(tcg_core::artifact::LITERALS_MEMBER);
-        graph.bind(weights, graph.has_literals().then_some(literals.as_path()))?;
+        let checkpoint = Checkpoint::open(weights, naming)?;
+        let bind_report = graph.bind_checkpoint(
+            &checkpoint,
+            graph.has_literals().then_some(literals.as_path()),
+        )?;
+        drop(checkpoint);
         Ok(Served {
+            bind_report: RwLock::new(bind_report),
             graph,
             resolved,
             facts,
@@ -291,15 +326,31 @@ impl Served {
 
     /// Bind a new weights file, with the checks of loading; a refused rebind
     /// leaves the bound weights in place.
-    pub fn rebind(&self, weights: &Path) -> Result<()> {
+    pub fn rebind(&self, weights: &Path) -> Result<BindReport> {
+        self.rebind_with(&[weights.to_owned()], &Naming::default())
+    }
+
+    /// [`Served::rebind`] from the weights paths of [`Served::load_with`].
+    pub fn rebind_with(&self, weights: &[PathBuf], naming: &Naming) -> Result<BindReport> {
         let literals = self
             .resolved
             .destination
             .join(tcg_core::artifact::LITERALS_MEMBER);
-        self.graph.bind(
-            weights,
+        let checkpoint = Checkpoint::open(weights, naming)?;
+        let report = self.graph.bind_checkpoint(
+            &checkpoint,
             self.graph.has_literals().then_some(literals.as_path()),
-        )
+        )?;
+        *self.bind_report.write().unwrap_or_else(|p| p.into_inner()) = report.clone();
+        Ok(report)
+    }
+
+    /// What the last bind ignored (declared names the compiler dropped).
+    pub fn bind_report(&self) -> BindReport {
+        self.bind_report
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Check `inputs` against the call ingress (dtype, rank, static sizes,

@@ -11,6 +11,7 @@ pub mod metadata;
 pub mod package;
 pub mod publish;
 pub mod tar;
+pub mod weights;
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};

@@ -39,6 +39,10 @@ pub struct MintOutput {
     /// The canonical lines behind the declaration's graph witness, kept for
     /// explaining later misses (`None` when the caller has none).
     pub witness_lines: Option<Vec<String>>,
+    /// The exported program's facts about its constants (kinds, alias
+    /// groups; `artifact::weights::WeightsContract::from_facts`), written into
+    /// the package annex before packing (`None`: no annex, as 0.2.0 minted).
+    pub weights: Option<Value>,
 }
 
 fn plan_mismatches(md: &Metadata, plan: &MintOutput, key: &str) -> Vec<&'static str> {
@@ -203,6 +207,12 @@ impl Engine {
     pub fn publish_mint(&self, key: &str, plan: &MintOutput) -> Result<StoreResult> {
         check_key(key)?;
         let rows = parse_constant_table(&plan.package)?;
+        if let Some(facts) = &plan.weights {
+            let declared = crate::artifact::weights::declared_of(&plan.declaration)?;
+            let contract =
+                crate::artifact::weights::WeightsContract::from_facts(facts, &declared, &rows)?;
+            crate::artifact::package::append_annex(&plan.package, &contract)?;
+        }
         let metadata = build_metadata(
             &plan.declaration,
             &rows,

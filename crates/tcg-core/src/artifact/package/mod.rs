@@ -452,6 +452,9 @@ pub struct PackageReport {
     pub e_machine: u16,
     /// Total `.lrodata` bytes of the `.so`.
     pub lrodata_bytes: u64,
+    /// The weights contract of the package annex (`None` when the package has
+    /// no annex, or its annex has no weights block).
+    pub weights: Option<crate::artifact::weights::WeightsContract>,
 }
 
 fn read_wrapper(pkg: &mut Package, member: &str) -> Result<WrapperTable> {
@@ -473,14 +476,173 @@ pub fn verify_package(path: &Path, metadata: &Metadata) -> Result<PackageReport>
 }
 
 /// [`verify_package`] of a package already open (from the store, say).
-pub fn verify_opened(pkg: Package, metadata: &Metadata) -> Result<PackageReport> {
-    verify_opened_facts(
+pub fn verify_opened(mut pkg: Package, metadata: &Metadata) -> Result<PackageReport> {
+    let weights = read_annex(&mut pkg, metadata)?;
+    let mut report = verify_opened_facts(
         pkg,
         metadata.name(),
         metadata.constants(),
         &metadata.host_isa().machine,
         metadata.sm(),
-    )
+    )?;
+    report.weights = weights;
+    Ok(report)
+}
+
+/// The name of the package annex member, if the package has one: the
+/// annex file under the package root (`""` or one component). Two are refused.
+pub fn annex_member(pkg: &Package) -> Result<Option<String>> {
+    use crate::artifact::weights::ANNEX_FILE;
+    let mut found = None;
+    for name in pkg.names() {
+        let hit = name == ANNEX_FILE
+            || name
+                .strip_suffix(ANNEX_FILE)
+                .and_then(|root| root.strip_suffix('/'))
+                .is_some_and(|root| !root.is_empty() && !root.contains('/'));
+        if hit {
+            if found.is_some() {
+                return Err(layout_err("the package holds two annex members"));
+            }
+            found = Some(name.clone());
+        }
+    }
+    Ok(found)
+}
+
+/// Read and check the package annex against `metadata` (bounded by
+/// `MAX_ANNEX_BYTES`); `None` when there is none.
+pub fn read_annex(
+    pkg: &mut Package,
+    metadata: &Metadata,
+) -> Result<Option<crate::artifact::weights::WeightsContract>> {
+    use crate::artifact::weights::{parse_annex, MAX_ANNEX_BYTES};
+    let Some(member) = annex_member(pkg)? else {
+        return Ok(None);
+    };
+    let bytes = pkg.read_bounded(&member, MAX_ANNEX_BYTES)?;
+    let declared = crate::artifact::weights::declared_fqns(metadata)?;
+    parse_annex(&bytes, &declared, metadata.constants())
+}
+
+/// Append the annex holding `contract` to the package at `path` (a package
+/// this process just compiled, before it is packed), under the root of its
+/// AOTInductor layout. A package that already has an annex is refused.
+pub fn append_annex(
+    path: &Path,
+    contract: &crate::artifact::weights::WeightsContract,
+) -> Result<()> {
+    use crate::artifact::weights::{annex_bytes, ANNEX_FILE};
+    use std::io::Write as _;
+    let pkg = Package::open(path)?;
+    if annex_member(&pkg)?.is_some() {
+        return Err(layout_err("the package already holds an annex"));
+    }
+    let members = pkg.entry_members(None)?;
+    let root = layout_of(&members.wrapper)?
+        .map(|l| l.root)
+        .unwrap_or_default();
+    drop(pkg);
+    let name = if root.is_empty() {
+        ANNEX_FILE.to_owned()
+    } else {
+        format!("{root}/{ANNEX_FILE}")
+    };
+    let bytes = annex_bytes(contract)?;
+    let io = |e: std::io::Error| {
+        Error::io(
+            format_args!("cannot append the annex to {}", path.display()),
+            &e,
+        )
+    };
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io)?;
+    let mut zip = zip::ZipWriter::new_append(file).map_err(zip_failure)?;
+    let options = zip::write::SimpleFileOptions::default()
+        .compression_method(CompressionMethod::Stored)
+        .last_modified_time(zip::DateTime::default());
+    zip.start_file(name, options).map_err(zip_failure)?;
+    zip.write_all(&bytes).map_err(io)?;
+    let file = zip.finish().map_err(zip_failure)?;
+    file.sync_all().map_err(io)?;
+    Ok(())
+}
+
+/// The shared libraries (`DT_NEEDED`) the entry's `.so` of the package at
+/// `path` names, for a package that verification already accepted.
+pub fn needed_libraries(path: &Path, entry: &str) -> Result<Vec<String>> {
+    let mut pkg = Package::open(path)?;
+    let members = pkg.entry_members(Some(entry))?;
+    let so = pkg.read_bounded(&members.shared_object, crate::artifact::MAX_PACKAGE_BYTES)?;
+    let elf = goblin::elf::Elf::parse(&so).map_err(|e| {
+        Error::new(
+            Code::ArtifactElfInvalid,
+            format!("{PACKAGE_PREFIX}: {}: {e}", members.shared_object),
+        )
+    })?;
+    Ok(elf.libraries.iter().map(|s| (*s).to_owned()).collect())
+}
+
+/// Whether torch's package loader (`AOTIModelPackageLoader`) can load the
+/// package at `path`: its `.so` must use the process's shared C++ runtime
+/// (`libstdc++.so.6` in `DT_NEEDED`). A `.so` that carries its own copy
+/// (a compiler that links libstdc++ statically) crashes that loader in its
+/// constructor (seen with torch 2.11 and GCC 13.3); the torch-free loader
+/// opens it in a local namespace and runs it. `run.loader_unsupported`.
+pub fn check_torch_loader(path: &Path, entry: &str) -> Result<()> {
+    let needed = needed_libraries(path, entry).map_err(|e| {
+        if e.kind() == crate::Kind::Io {
+            e
+        } else {
+            Error::new(
+                Code::RunPackageInvalid,
+                format!("cannot load entry {entry:?}: {}", e.message()),
+            )
+        }
+    })?;
+    if needed.iter().any(|n| n == "libstdc++.so.6") {
+        return Ok(());
+    }
+    Err(Error::new(
+        Code::RunLoaderUnsupported,
+        format!(
+            "the graph's .so does not link the shared C++ runtime (its DT_NEEDED is {needed:?}): its compiler linked libstdc++ statically, and torch's package loader crashes on such packages; load it with load_native(), or mint it again with a compiler that links libstdc++ dynamically (for example CXX=/usr/bin/g++)"
+        ),
+    ))
+}
+
+/// The weights contract of the package at `path`: its annex's, or the one
+/// `metadata` implies for a package without one.
+pub fn weights_contract(
+    path: &Path,
+    metadata: &Metadata,
+) -> Result<crate::artifact::weights::WeightsContract> {
+    let declared = crate::artifact::weights::declared_fqns(metadata)?;
+    weights_contract_of(path, &declared, metadata.constants())
+}
+
+/// [`weights_contract`] from the declared constant fqns and constant rows of
+/// metadata the caller already verified.
+pub fn weights_contract_of(
+    path: &Path,
+    declared: &std::collections::BTreeSet<String>,
+    rows: &[ConstantRow],
+) -> Result<crate::artifact::weights::WeightsContract> {
+    use crate::artifact::weights::{parse_annex, WeightsContract, MAX_ANNEX_BYTES};
+    let mut pkg = Package::open(path)?;
+    match annex_member(&pkg)? {
+        Some(member) => {
+            let bytes = pkg.read_bounded(&member, MAX_ANNEX_BYTES)?;
+            match parse_annex(&bytes, declared, rows)? {
+                Some(c) => Ok(c),
+                None => WeightsContract::implied(declared, rows),
+            }
+        }
+        None => WeightsContract::implied(declared, rows),
+    }
 }
 
 /// Verify a package against the facts it must restate: the entry `name`,
@@ -620,6 +782,7 @@ fn verify_opened_facts(
         table,
         e_machine: info.machine,
         lrodata_bytes: lrodata,
+        weights: None,
     })
 }
 
