@@ -8,7 +8,7 @@ UV := $(PYTHON) -m uv
 CARGO_TEST_FLAGS ?=
 export UV_LINK_MODE ?= copy
 
-.PHONY: test demo bench develop deps ssh-keygen rust-checks python-checks clean
+.PHONY: test demo bench develop deps ssh-keygen rust-checks python-checks realmodels clean
 
 # Everything CI checks: formatting, lints, Rust tests, Python lints, types
 # (mypy, and stubtest of the hand-written _native.pyi) and tests.
@@ -61,7 +61,13 @@ python-checks: ssh-keygen
 	$(VENV)/bin/ruff format --check python tests scripts
 	$(VENV)/bin/mypy
 	$(VPY) -m mypy.stubtest torch_compiled_graphs._native
-	$(VPY) -m pytest
+	$(VPY) -m pytest -m "not realmodels"
+
+# The whole real-model tier (diffusers, transformers, timm from small configs):
+# each model through export, mint, fresh-process load / load_native from the
+# checkpoints a user has, and reuse. `make test` runs two of them.
+realmodels: develop
+	$(VPY) -m pytest tests/test_realmodels.py -v
 
 clean:
 	cargo clean

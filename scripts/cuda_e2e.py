@@ -382,6 +382,127 @@ def rust_serve(work: Path, key: str) -> dict[str, object]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def _tier_model(args: tuple[str, Path, Path]) -> dict[str, object]:
+    """One model of the real-model tier on ``cuda:0``: every stage in a fresh process,
+    then the Rust serve example from the checkpoints a user has."""
+    name, site, work = args
+    work.mkdir(parents=True, exist_ok=True)
+    env = child_env(site)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT / "tests")])
+    out: dict[str, object] = {"model": name}
+    for step in ("mint", "load", "native", "reuse"):
+        t = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "realmodels.py"), step, name, str(work), "cuda:0"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            out[step] = {"error": (proc.stdout[-1500:] + proc.stderr[-3000:]), "returncode": proc.returncode}
+            return out
+        got = json.loads(lines[-1])
+        got.pop("contract", None)
+        got["wall_s"] = time.perf_counter() - t
+        out[step] = got
+    if SERVE_BIN:
+        meta = json.loads((work / "mint.json").read_text())
+        sys.path.insert(0, str(site))
+        from torch_compiled_graphs.native import find_torch_lib
+
+        serves = {}
+        for label, path in meta["checkpoints"].items():
+            argv = [SERVE_BIN[0], "--store", str(work / "store"), "--key", meta["key"]]
+            argv += ["--dest", str(work / f"serve-{label}"), "--torch-lib", find_torch_lib(), "--device", "cuda:0"]
+            for w in [path, *meta["extra"]]:
+                argv += ["--weights", w]
+            if meta["add_prefix"]:
+                argv += ["--add-prefix", meta["add_prefix"]]
+            argv += ["--io", str(work / "io.safetensors")]
+            for i in range(meta["flat_inputs"]):
+                argv += ["--in", f"in{i}"]
+            argv += ["--out", "out0", "--rtol", "1e-2", "--atol", "1e-2"]
+            proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+            tail = proc.stdout.strip().splitlines()
+            serves[label] = (
+                json.loads(tail[-1])
+                if proc.returncode == 0 and tail
+                else {"error": proc.stdout[-800:] + proc.stderr[-1500:]}
+            )
+        out["serve"] = serves
+    return out
+
+
+def realmodels(site: Path, work: Path, workers: int) -> dict[str, object]:
+    """The real-model tier on the GPU, models in parallel (each compile is single-threaded)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from realmodels import MODELS
+
+    jobs = [(m, site, work / m) for m in MODELS]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(_tier_model, jobs))
+    table = {}
+    for r in results:
+        row = {}
+        for step in ("mint", "load", "native", "reuse"):
+            got = r.get(step)
+            row[step] = "missing" if not isinstance(got, dict) else ("error" if "error" in got else "ok")
+            if step in ("load", "native") and isinstance(got, dict) and "ok" in got:
+                row[step] = "ok" if got["ok"] else "wrong"
+        serve = r.get("serve")
+        if isinstance(serve, dict):
+            row["serve"] = "ok" if all(isinstance(v, dict) and v.get("ok") for v in serve.values()) else "error"
+        table[str(r["model"])] = row
+    return {"table": table, "models": results}
+
+
+def static_runtime(site: Path, work: Path) -> dict[str, object]:
+    """A package built by the device's default CXX (libstdc++ linked statically) used to
+    crash torch's package loader: ``load`` now refuses it with a code, ``load_native`` runs it."""
+    code = """
+import json, os, sys, torch
+from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
+from torch_compiled_graphs.errors import BindingError
+work = sys.argv[1]
+m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).cuda().eval()
+x = torch.randn(4, 16, device="cuda")
+spec = GraphClassSpec("e2e/static-cxx", "serve", torch.export.export(m, (x,)))
+major, minor = torch.cuda.get_device_capability()
+sm = f"sm_{major}{minor}"
+tc = record_toolchain()
+key = RuntimeCompatibility(sm, toolchain=tc).key(spec.declare())
+g = Engine(os.path.join(work, "store")).ensure(key, os.path.join(work, "out"), target=sm, toolchain=tc,
+                                               recipe=lambda: spec).compiled_graph
+out = {"cxx": os.environ.get("CXX")}
+try:
+    g.load(m)
+    out["load"] = "loaded"
+except BindingError as e:
+    out["load"] = e.code
+from safetensors.torch import save_file
+save_file({k: v.detach().cpu() for k, v in m.state_dict().items()}, os.path.join(work, "w.safetensors"))
+n = g.load_native(os.path.join(work, "w.safetensors"), device="cuda:0")
+y = torch.from_dlpack(n(x))
+out["load_native_max_abs_diff"] = float((y - m(x)).abs().max())
+print(json.dumps(out))
+"""
+    env = child_env(site)
+    env.pop("CXX", None)  # the device's own default compiler
+    default_cxx = os.environ.get("CXX")
+    if default_cxx:
+        env["CXX"] = default_cxx
+    work.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-c", code, str(work)], capture_output=True, text=True, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": proc.stdout[-1500:] + proc.stderr[-3000:], "returncode": proc.returncode}
+    result: dict[str, object] = json.loads(lines[-1])
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wheel", required=True, help="the abi3 wheel (a glob is expanded)")
@@ -390,6 +511,8 @@ def main() -> None:
     parser.add_argument("--no-bench", action="store_true")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--serve-bin", help="the Rust serve example (cargo build --release --example serve)")
+    parser.add_argument("--realmodels", action="store_true", help="run the real-model tier on the GPU")
+    parser.add_argument("--workers", type=int, default=6, help="models of the tier run at once")
     parser.add_argument(
         "--native-only",
         action="store_true",
@@ -430,6 +553,13 @@ def main() -> None:
         if not args.no_tests:
             report["tests"] = run_tests(site, args.out)
             print(json.dumps({"tests": report["tests"]}), flush=True)
+            save()
+        if args.realmodels:
+            report["static_cxx_runtime"] = static_runtime(site, Path(tmp) / "static")
+            print(json.dumps({"static_cxx_runtime": report["static_cxx_runtime"]}), flush=True)
+            save()
+            report["realmodels"] = realmodels(site, Path(tmp) / "realmodels", args.workers)
+            print(json.dumps({"realmodels": report["realmodels"]["table"]}, indent=1), flush=True)  # type: ignore[index]
             save()
         if not args.no_bench:
             work = Path(tmp) / "bench"

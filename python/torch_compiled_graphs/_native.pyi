@@ -32,6 +32,7 @@ __all__ = [
     "artifact_unpack",
     "artifact_verify",
     "canonical_json",
+    "checkpoint_files",
     "cli_main",
     "cpu_sm",
     "declare",
@@ -44,7 +45,10 @@ __all__ = [
     "is_compiled_graph_key",
     "key_from_metadata",
     "literal_digest",
+    "package_check_torch_loader",
     "package_constant_table",
+    "package_plan_binding",
+    "package_weights_contract",
     "render_explanation",
     "split_key",
     "synchronize",
@@ -185,7 +189,11 @@ class NativeModel:
     ) -> NativeModel: ...
     def set_contract(self, package: str, metadata: Mapping[str, Any]) -> None: ...
     def bind(
-        self, weights: list[str], literals: str | None = None, strip_prefix: str = "", add_prefix: str = ""
+        self,
+        weights: list[str],
+        literals: str | None = None,
+        strip_prefix: str | None = None,
+        add_prefix: str | None = None,
     ) -> tuple[list[str], int]: ...
     def run(
         self, inputs: Sequence[DLPackInput | tuple[int, int, str, list[int]]], stream: int = 0

@@ -451,9 +451,7 @@ class NativeGraph:
         the prefixes given at load) with the same checks as loading."""
         literals = os.path.join(self._stored.path, "constants.safetensors")
         has_literals = any(r["source"] == "literal" for r in self._stored.constants)
-        ignored, outside = self._model.bind(
-            _weight_paths(weights), literals if has_literals else None, *self._naming
-        )
+        ignored, outside = self._model.bind(_weight_paths(weights), literals if has_literals else None, *self._naming)
         self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
 
     def _check(self, index: int, path: str, dtype: str, shape: list[int], bound: dict[str, int]) -> None:

@@ -99,7 +99,7 @@ def _weights(weights: object) -> dict[str, Any]:
             out[name] = value
         return out
     raise BindingError(
-        "weights must be an nn.Module, a state_dict or a checkpoint path, got " f"{type(weights).__qualname__}",
+        f"weights must be an nn.Module, a state_dict or a checkpoint path, got {type(weights).__qualname__}",
         "run.weights_invalid",
     )
 

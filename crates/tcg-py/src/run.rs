@@ -160,19 +160,19 @@ impl NativeModel {
     /// index, or directories holding either; names mapped by the prefixes)
     /// and the literal payload when the graph has literals. Returns
     /// `(ignored names, tensors outside strip_prefix)`.
-    #[pyo3(signature = (weights, literals=None, strip_prefix=String::new(), add_prefix=String::new()))]
+    #[pyo3(signature = (weights, literals=None, strip_prefix=None, add_prefix=None))]
     fn bind(
         &self,
         py: Python<'_>,
         weights: Vec<PathBuf>,
         literals: Option<PathBuf>,
-        strip_prefix: String,
-        add_prefix: String,
+        strip_prefix: Option<String>,
+        add_prefix: Option<String>,
     ) -> PyResult<(Vec<String>, usize)> {
         let graph = Arc::clone(&self.inner);
         let naming = tcg_run::weights::Naming {
-            strip_prefix,
-            add_prefix,
+            strip_prefix: strip_prefix.unwrap_or_default(),
+            add_prefix: add_prefix.unwrap_or_default(),
         };
         let report = py
             .detach(move || {

@@ -7,8 +7,13 @@
 //! cargo run --release -p tcg-run --example serve -- \
 //!     --store STORE --key KEY --dest DIR --torch-lib .venv/.../torch/lib \
 //!     --weights weights.safetensors --io io.safetensors --in x [--out y] \
-//!     [--device cuda:0] [--repeat 100] [--rtol 1e-5 --atol 1e-6]
+//!     [--device cuda:0] [--repeat 100] [--rtol 1e-5 --atol 1e-6] \
+//!     [--strip-prefix unet.] [--add-prefix vae.]
 //! ```
+//!
+//! `--weights` takes a safetensors file, a sharded checkpoint's
+//! `*.safetensors.index.json`, or a directory holding either; repeat it to
+//! bind from several (a checkpoint and its non-persistent buffers).
 //!
 //! `--in` and `--out` name tensors of `--io` (repeat the flag for several, in
 //! the graph's flat input and output order). Prints one JSON line: the time to
@@ -30,7 +35,8 @@ struct Args {
     key: String,
     dest: PathBuf,
     torch_lib: PathBuf,
-    weights: PathBuf,
+    weights: Vec<PathBuf>,
+    naming: tcg_run::weights::Naming,
     io: PathBuf,
     inputs: Vec<String>,
     outputs: Vec<String>,
@@ -55,7 +61,9 @@ fn parse() -> Result<Args, String> {
             "--key" => a.key = value()?,
             "--dest" => a.dest = value()?.into(),
             "--torch-lib" => a.torch_lib = value()?.into(),
-            "--weights" => a.weights = value()?.into(),
+            "--weights" => a.weights.push(value()?.into()),
+            "--strip-prefix" => a.naming.strip_prefix = value()?,
+            "--add-prefix" => a.naming.add_prefix = value()?,
             "--io" => a.io = value()?.into(),
             "--in" => a.inputs.push(value()?),
             "--out" => a.outputs.push(value()?),
@@ -71,7 +79,7 @@ fn parse() -> Result<Args, String> {
         || a.store.as_os_str().is_empty()
         || a.dest.as_os_str().is_empty()
         || a.torch_lib.as_os_str().is_empty()
-        || a.weights.as_os_str().is_empty()
+        || a.weights.is_empty()
         || a.io.as_os_str().is_empty()
     {
         return Err("--store, --key, --dest, --torch-lib, --weights, --io and at least one --in are required".into());
@@ -179,20 +187,21 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         .collect();
 
     let start = Instant::now();
-    let served = Served::open(
-        &args.store,
-        &args.key,
-        &args.dest,
+    let resolved = tcg_core::engine::Engine::open(&args.store)?
+        .resolve(&args.key, &args.dest)?
+        .ok_or_else(|| {
+            tcg_core::Error::new(
+                tcg_core::Code::RunCallInvalid,
+                format!("the store has no graph {}", args.key),
+            )
+        })?;
+    let served = Served::load_with(
+        resolved,
         &args.torch_lib,
         &args.device,
         &args.weights,
-    )?
-    .ok_or_else(|| {
-        tcg_core::Error::new(
-            tcg_core::Code::RunCallInvalid,
-            format!("the store has no graph {}", args.key),
-        )
-    })?;
+        &args.naming,
+    )?;
     let outputs: Vec<OwnedTensor> = served.run_host(&host)?;
     let first: Vec<Vec<u8>> = outputs
         .iter()
@@ -276,13 +285,14 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         .collect();
     let median = latencies.get(latencies.len() / 2).copied();
     println!(
-        "{{\"device\":\"{}\",\"torch_check\":\"{}\",\"ttfi_s\":{ttfi:.6},\"call_median_s\":{},\"calls\":{},\"outputs\":[{}],\"checked\":{},\"max_abs_err\":{worst:e},\"ok\":{ok}}}",
+        "{{\"device\":\"{}\",\"torch_check\":\"{}\",\"ttfi_s\":{ttfi:.6},\"call_median_s\":{},\"calls\":{},\"outputs\":[{}],\"checked\":{},\"max_abs_err\":{worst:e},\"ignored\":{},\"ok\":{ok}}}",
         served.graph().device(),
         served.torch_check(),
         median.map_or("null".into(), |m| format!("{m:.9}")),
         latencies.len(),
         shapes.join(","),
         expected.len(),
+        served.bind_report().ignored.len(),
     );
     Ok(ok)
 }
