@@ -122,7 +122,7 @@ def build(name: str, device: str = "cpu") -> dict[str, Any]:
         return {
             "model": Decoder(vae),
             "inner": vae,
-            "args": (torch.randn(1, 4, 8, 8, device=device),),
+            "args": (torch.randn(2, 4, 8, 8, device=device),),
             "kwargs": {},
             "dynamic": ({0: dim("batch", min=1, max=4)},),
             "save": "save_pretrained",

@@ -415,22 +415,6 @@ impl WeightsContract {
         I: IntoIterator<Item = &'a str>,
     {
         let provided: BTreeSet<&str> = provided.into_iter().collect();
-        let foreign: Vec<&str> = provided
-            .iter()
-            .copied()
-            .filter(|n| !self.kinds.contains_key(*n))
-            .collect();
-        if !foreign.is_empty() {
-            let mut msg = format!(
-                "the weights hold {} name(s) the graph's declaration has no constant for: {}",
-                foreign.len(),
-                list(&foreign)
-            );
-            if let Some(hint) = self.prefix_hint(&foreign, &provided) {
-                let _ = write!(msg, "; {hint}");
-            }
-            return Err(Error::new(Code::RunConstantUnexpected, msg));
-        }
         let mut bind = Vec::with_capacity(self.bound.len());
         let mut duplicates = Vec::new();
         let mut missing = Vec::new();
@@ -459,6 +443,22 @@ impl WeightsContract {
                 Code::RunConstantMissing,
                 self.explain_missing(&missing, &provided),
             ));
+        }
+        let foreign: Vec<&str> = provided
+            .iter()
+            .copied()
+            .filter(|n| !self.kinds.contains_key(*n))
+            .collect();
+        if !foreign.is_empty() {
+            let mut msg = format!(
+                "the weights hold {} name(s) the graph's declaration has no constant for: {}",
+                foreign.len(),
+                list(&foreign)
+            );
+            if let Some(hint) = self.prefix_hint(&foreign, &provided) {
+                let _ = write!(msg, "; {hint}");
+            }
+            return Err(Error::new(Code::RunConstantUnexpected, msg));
         }
         let bound_names: BTreeSet<&str> = bind
             .iter()
@@ -741,13 +741,18 @@ mod tests {
 
     #[test]
     fn a_foreign_name_is_refused_and_a_prefix_is_suggested() {
+        // Nothing binds: the names the graph needs are missing, the prefix explains why.
         let e = llama()
-            .plan(["vae.embed.weight", "vae.head.weight"])
+            .plan(["vae.embed.weight", "vae.head.weight", "vae.rope.inv_freq"])
+            .unwrap_err();
+        assert_eq!(e.code(), Code::RunConstantMissing);
+        assert!(e.message().contains("strip_prefix=\"vae.\""), "{e}");
+        // Everything binds, and one name belongs to no declared constant.
+        let e = llama()
+            .plan(["head.weight", "rope.inv_freq", "bogus"])
             .unwrap_err();
         assert_eq!(e.code(), Code::RunConstantUnexpected);
-        assert!(e.message().contains("strip_prefix=\"vae.\""), "{e}");
-        let e = llama().plan(["bogus"]).unwrap_err();
-        assert_eq!(e.code(), Code::RunConstantUnexpected);
+        assert!(e.message().contains("bogus"), "{e}");
     }
 
     #[test]
