@@ -90,6 +90,65 @@ def _check(name: str, tensor: Any, row: Mapping[str, Any], device: Any) -> Any:
     return tensor.detach().contiguous()
 
 
+def _spec_types(node: object, out: list[str]) -> list[str]:
+    """Every node type a treespec JSON node names (depth first)."""
+    if isinstance(node, dict):
+        kind = node.get("type")
+        if isinstance(kind, str) and kind not in out:
+            out.append(kind)
+        for child in node.get("children_spec") or []:
+            _spec_types(child, out)
+    return out
+
+
+def _unknown_types(text: str) -> list[str]:
+    """The node types of a treespec JSON that torch's pytree has no class for in this process."""
+    import json
+
+    from torch.utils import _pytree as pytree
+
+    known = getattr(pytree, "SERIALIZED_TYPE_TO_PYTHON_TYPE", {})
+    try:
+        _, root = json.loads(text)
+    except (ValueError, TypeError):
+        return []
+    return [t for t in _spec_types(root, []) if t not in known]
+
+
+def _import_for(type_name: str) -> bool:
+    """Import the module of a serialized type name (``a.b.Class`` -> ``a.b``) when it is
+    already imported or its top-level package is installed; whether it could be."""
+    import importlib
+    import importlib.util
+    import sys
+
+    module = type_name.rpartition(".")[0]
+    if not module or module in sys.modules:
+        return bool(module)
+    try:
+        if importlib.util.find_spec(module.partition(".")[0]) is None:
+            return False
+        importlib.import_module(module)
+    except Exception:  # an installed package that fails to import is one that is not importable
+        return False
+    return True
+
+
+def _torch_spec(text: str, what: str) -> Any:
+    """Torch's own reading of a call spec: the library's output classes rebuilt, after
+    importing the modules that register them (:func:`_import_for`); ``None`` when
+    torch still cannot read it in this process."""
+    from torch.utils import _pytree as pytree
+
+    for attempt in range(2):
+        try:
+            return pytree.treespec_loads(text)
+        except Exception:
+            if attempt or not any([_import_for(t) for t in _unknown_types(text)]):
+                return None
+    return None
+
+
 class LoadedGraph:
     """A resolved graph loaded with its constants bound: call it like the original module."""
 
@@ -122,8 +181,21 @@ class LoadedGraph:
         from torch.utils import _pytree as pytree
 
         self._pytree = pytree
-        self._in_spec = pytree.treespec_loads(in_spec)
-        self._out_spec = pytree.treespec_loads(out_spec)
+        self._in_spec = _torch_spec(in_spec, "input")
+        if self._in_spec is None:
+            raise BindingError(
+                f"the graph's input spec names a type torch cannot rebuild here ({_unknown_types(in_spec)}); "
+                "import the module that registers it before load()",
+                "run.spec_unsupported",
+            )
+        self._out_spec = _torch_spec(out_spec, "output")
+        #: The output spec as read without the library's classes (``None`` when torch
+        #: rebuilds them): records of named fields come back as GraphOutput.
+        self._out_records: Any = None
+        if self._out_spec is None:
+            from .native import _parse_spec
+
+            self._out_records = _parse_spec(out_spec, "output", records=True, unsupported="run.spec_unsupported")
         self._kwarg_names: list[str] = list(self._in_spec.child(1).context or [])
         self.rebind(weights)
 
@@ -184,7 +256,18 @@ class LoadedGraph:
             )
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         outputs = self._loader.boxed_run(tensors)
+        if self._out_spec is None:
+            from .native import _unflatten
+
+            return _unflatten(self._out_records, iter(outputs))
         return self._pytree.tree_unflatten(outputs, self._out_spec)
+
+    @property
+    def output_type(self) -> str:
+        """How outputs are rebuilt: ``"torch"`` (torch's pytree, with the model library's
+        own output classes) or ``"GraphOutput"`` (a class that could not be imported,
+        read as a :class:`~torch_compiled_graphs.outputs.GraphOutput`)."""
+        return "torch" if self._out_spec is not None else "GraphOutput"
 
     def __repr__(self) -> str:
         return f"LoadedGraph(key={self._stored.key!r}, device={str(self.device)!r})"
