@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import BindingError
 
 if TYPE_CHECKING:
+    from .dropin import GraphModule
     from .engine import StoredCompiledGraph
 
 __all__ = ["LoadedGraph", "load"]
@@ -188,6 +189,7 @@ class LoadedGraph:
                 "import the module that registers it before load()",
                 "run.spec_unsupported",
             )
+        self._out_text = str(out_spec)
         self._out_spec = _torch_spec(out_spec, "output")
         #: The output spec as read without the library's classes (``None`` when torch
         #: rebuilds them): records of named fields come back as GraphOutput.
@@ -268,6 +270,16 @@ class LoadedGraph:
         own output classes) or ``"GraphOutput"`` (a class that could not be imported,
         read as a :class:`~torch_compiled_graphs.outputs.GraphOutput`)."""
         return "torch" if self._out_spec is not None else "GraphOutput"
+
+    def as_module(self, like: Any, *, constants: Mapping[str, object] | None = None) -> GraphModule:
+        """This graph as an ``nn.Module`` in place of ``like`` (the module it was exported
+        from, or one of its class and config): called like ``like``, with ``return_dict``,
+        ``config``, ``dtype`` and ``device`` (docs/run.md, "Drop-in use"). ``constants``
+        states the non-tensor arguments the program was exported with (other than
+        ``return_dict``), which the artifact does not record."""
+        from .dropin import GraphModule
+
+        return GraphModule(self, like, constants=constants)
 
     def __repr__(self) -> str:
         return f"LoadedGraph(key={self._stored.key!r}, device={str(self.device)!r})"
