@@ -579,6 +579,12 @@ def to_numpy(tensor: Any, dtype: str | None = None) -> Any:
             )
         bits = np.asarray(host).view(np.uint16)
         widened = (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        return widened if dtype == "float32" else widened.astype(dtype)
-    array = np.asarray(host)
-    return array if dtype is None else array.astype(dtype)
+        if dtype == "float32":
+            return widened
+        array = widened
+    else:
+        array = np.asarray(host)
+        if dtype is None:
+            return array
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and out-of-range values convert as numpy does
+        return array.astype(dtype)
