@@ -123,7 +123,11 @@ def test_records_are_output_specs_only_and_every_other_node_type_is_refused_by_n
     e = refused("run.native_unsupported", _parse_spec, text, "input")
     assert "transformers.modeling_outputs.BaseModelOutput" in str(e)
     for kind in ("collections.namedtuple", "transformers.cache_utils.DynamicCache", "mypackage.Output"):
-        node = {"type": kind, "context": '["a"]', "children_spec": [{"type": None, "context": None, "children_spec": []}]}
+        node = {
+            "type": kind,
+            "context": '["a"]',
+            "children_spec": [{"type": None, "context": None, "children_spec": []}],
+        }
         e = refused("run.native_unsupported", _parse_spec, json.dumps([1, node]), "output", records=True)
         assert kind in str(e) and "use load()" in str(e)
         e = refused(

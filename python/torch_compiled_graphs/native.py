@@ -154,9 +154,7 @@ def _context(node: dict[str, Any], default: str) -> Any:
         return None
 
 
-def _parse_spec(
-    text: str, what: str, *, records: bool = False, unsupported: str = "run.native_unsupported"
-) -> Spec:
+def _parse_spec(text: str, what: str, *, records: bool = False, unsupported: str = "run.native_unsupported") -> Spec:
     """Torch's treespec JSON (protocol 1) as nested tuples; tuple, list, dict and
     leaf nodes are understood, and with ``records`` the registered output classes
     of transformers and diffusers (:func:`~torch_compiled_graphs.outputs.is_output_record`),

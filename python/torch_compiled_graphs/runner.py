@@ -257,12 +257,62 @@ class LoadedGraph:
                 "run.call_invalid",
             )
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        self._check_inputs(flat)
         outputs = self._loader.boxed_run(tensors)
         if self._out_spec is None:
             from .native import _unflatten
 
             return _unflatten(self._out_records, iter(outputs))
         return self._pytree.tree_unflatten(outputs, self._out_spec)
+
+    def _check_inputs(self, flat: list[Any]) -> None:
+        """The call's tensors against the call ingress: a tensor exactly where the graph
+        takes one (``run.call_invalid``), its dtype, rank, static sizes and symbol ranges
+        (``run.input_mismatch``, as on the native path). A call the graph was not compiled
+        for is a typed refusal, not a runtime error or a read past an input; artifacts
+        without an ingress are checked by the runtime alone."""
+        import torch
+
+        pytree = self._stored.metadata["graph_class"]["graph"].get("pytree", {})
+        ingress = pytree.get("ingress") if isinstance(pytree, dict) else None
+        if not isinstance(ingress, dict):
+            return
+        rows = {int(r["position"]): r for r in ingress["inputs"]}
+        symbols: Mapping[str, Any] = ingress.get("symbols", {})
+        bound: dict[str, int] = {}
+        bad = "run.input_mismatch"
+        for position, value in enumerate(flat):
+            row = rows.get(position)
+            if row is None:
+                if isinstance(value, torch.Tensor):
+                    raise BindingError(
+                        f"argument {position} of the flattened call is a tensor where the graph takes none",
+                        "run.call_invalid",
+                    )
+                continue
+            name = row["name"]
+            if not isinstance(value, torch.Tensor):
+                raise BindingError(
+                    f"input {name!r} must be a tensor ({row['dtype']}), got {type(value).__qualname__}",
+                    "run.call_invalid",
+                )
+            dtype = str(value.dtype).removeprefix("torch.")
+            if dtype != row["dtype"]:
+                raise BindingError(f"input {name!r} is {dtype}, the graph was compiled for {row['dtype']}", bad)
+            dims, shape = list(row["shape"]), list(value.shape)
+            if len(shape) != len(dims):
+                raise BindingError(f"input {name!r} has rank {len(shape)}, the graph was compiled for {len(dims)}", bad)
+            for k, (size, dim) in enumerate(zip(shape, dims, strict=True)):
+                if isinstance(dim, int) and size != dim:
+                    raise BindingError(f"input {name!r} has size {size} at dimension {k}, the graph needs {dim}", bad)
+                if isinstance(dim, str):
+                    lo, hi = symbols[dim]
+                    if not lo <= size <= hi or bound.setdefault(dim, size) != size:
+                        raise BindingError(
+                            f"input {name!r} has size {size} at dimension {k}; {dim} must be in [{lo}, {hi}] and "
+                            "the same wherever it appears",
+                            bad,
+                        )
 
     @property
     def output_type(self) -> str:
