@@ -132,7 +132,7 @@ class GraphModule(torch.nn.Module):
         device: torch.device = self.graph.device
         return device
 
-    def to(self, *args: Any, **kwargs: Any) -> GraphModule:  # type: ignore[override]
+    def to(self, *args: Any, **kwargs: Any) -> GraphModule:
         """A compiled graph stays where it was loaded: moving it to its own device and
         dtype is a no-op, anything else is ``run.device_mismatch``."""
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)

@@ -43,6 +43,8 @@ class GraphOutput(Mapping[str, Any]):
     """
 
     __slots__ = ("_fields", "_type_name")
+    _fields: dict[str, Any]
+    _type_name: str
 
     def __init__(self, type_name: str, fields: Sequence[str], values: Sequence[Any]) -> None:
         names = list(fields)
