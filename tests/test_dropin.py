@@ -20,6 +20,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -240,3 +241,169 @@ def test_the_drop_in_refuses_what_the_exported_call_does_not_cover(ddpm: dict[st
     # Constants are the non-tensor arguments of the exported call; this one has none.
     refused("run.call_invalid", ddpm["graph"].load(unet).as_module, unet, constants={"class_labels": 1})
     refused("run.call_invalid", ddpm["graph"].load(unet).as_module, object())
+
+
+# ------------------------------------------------ transformers (the real-model tier)
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A tiny GPT-2 (untied, random weights, seeded) saved with ``save_pretrained``, and its
+    ``transformer`` (a ``GPT2Model``, which returns a ``ModelOutput``) minted as called
+    with ``input_ids``."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import save_file
+
+    from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
+
+    root = tmp_path_factory.mktemp("gpt2")
+    config = transformers.GPT2Config(
+        vocab_size=64,
+        n_positions=16,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        use_cache=False,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    lm = transformers.GPT2LMHeadModel(config).eval()
+    lm.save_pretrained(root / "gpt2")
+    save_file(dict(lm.transformer.state_dict()), root / "transformer.safetensors")
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        hidden = lm.transformer(ids).last_hidden_state
+        logits = lm(ids).logits
+    np.savez(root / "call.npz", ids=ids.numpy(), hidden=hidden.numpy(), logits=logits.numpy())
+    program = torch.export.export(lm.transformer, (ids,))
+    spec = GraphClassSpec("tests/gpt2-transformer", "dropin", program)
+    toolchain = record_toolchain()
+    key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
+    Engine(root / "store").ensure(key, root / "graph", target="cpu", toolchain=toolchain, recipe=lambda: spec)
+    return {"root": root, "key": str(key)}
+
+
+@pytest.mark.real_aoti
+@pytest.mark.realmodels
+def test_a_transformers_model_runs_with_the_graph_in_place_of_its_transformer(gpt2: dict[str, Any]) -> None:
+    code = """
+        import json
+        import numpy as np, torch
+        from transformers import GPT2LMHeadModel
+        from torch_compiled_graphs import Engine
+
+        lm = GPT2LMHeadModel.from_pretrained(ROOT + "/gpt2").eval()
+        graph = Engine(ROOT + "/store").resolve(KEY, ROOT + "/fresh-lm")
+        lm.transformer = graph.load(lm.transformer).as_module(like=lm.transformer)
+        call = np.load(ROOT + "/call.npz")
+        ids = torch.from_numpy(call["ids"])
+        with torch.no_grad():
+            out = lm(ids)
+            as_tuple = lm(ids, return_dict=False)
+            inner = lm.transformer(input_ids=ids, attention_mask=None, use_cache=None)
+        try:
+            lm.transformer(ids, attention_mask=torch.ones(1, 6, dtype=torch.long))
+            refused = None
+        except Exception as exc:
+            refused = getattr(exc, "code", repr(exc))
+        print(json.dumps({
+            "out": type(out).__name__, "inner": type(inner).__name__,
+            "logits": float(np.abs(out.logits.numpy() - call["logits"]).max()),
+            "tuple": float(np.abs(as_tuple[0].numpy() - call["logits"]).max()),
+            "hidden": float(np.abs(inner.last_hidden_state.numpy() - call["hidden"]).max()),
+            "refused": refused,
+        }))
+        """
+    result = fresh(code, ROOT=str(gpt2["root"]), KEY=gpt2["key"])
+    assert result["out"] == "CausalLMOutputWithCrossAttentions"
+    assert result["inner"] == "BaseModelOutputWithPastAndCrossAttentions"
+    assert result["logits"] < 1e-5 and result["tuple"] < 1e-5 and result["hidden"] < 1e-5
+    assert result["refused"] == "run.call_invalid"
+
+
+@pytest.mark.real_aoti
+@pytest.mark.realmodels
+@pytest.mark.parametrize("transformers_importable", [True, False])
+def test_a_worker_that_never_imported_transformers_gets_the_model_output_or_a_graph_output(
+    gpt2: dict[str, Any], transformers_importable: bool
+) -> None:
+    code = """
+        import json, sys
+        if not IMPORTABLE:
+            sys.modules["transformers"] = None
+        import numpy as np, torch
+        from safetensors.torch import load_file
+        from torch_compiled_graphs import Engine
+
+        graph = Engine(ROOT + "/store").resolve(KEY, ROOT + "/fresh-load-" + str(IMPORTABLE))
+        before = sys.modules.get("transformers") is not None
+        loaded = graph.load(load_file(ROOT + "/transformer.safetensors"))
+        call = np.load(ROOT + "/call.npz")
+        out = loaded(torch.from_numpy(call["ids"]))
+        native = graph.load_native(ROOT + "/transformer.safetensors")(call["ids"])
+        print(json.dumps({
+            "before": before, "type": type(out).__module__ + "." + type(out).__name__,
+            "native": type(native).__name__ + ":" + native.type_name, "fields": list(out.keys()),
+            "error": float((out.last_hidden_state - torch.from_numpy(call["hidden"])).abs().max()),
+            "native_error": float(np.abs(np.asarray(native[0]) - call["hidden"]).max()),
+        }))
+        """
+    result = fresh(code, ROOT=str(gpt2["root"]), KEY=gpt2["key"], IMPORTABLE=transformers_importable)
+    name = "transformers.modeling_outputs.BaseModelOutputWithPastAndCrossAttentions"
+    assert result["before"] is False
+    assert result["type"] == (name if transformers_importable else "torch_compiled_graphs.outputs.GraphOutput")
+    assert result["native"] == "GraphOutput:" + name
+    assert result["fields"] == ["last_hidden_state"]
+    assert result["error"] < 1e-5 and result["native_error"] < 1e-5
+
+
+# ------------------------------------------------ a non-tensor argument the export specialised
+
+
+class Scaled(torch.nn.Module):
+    """``forward(x, scale, return_dict)``: ``scale`` a float the export bakes in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: Any, scale: float = 1.0, return_dict: bool = True) -> Any:
+        y = self.linear(x) * scale
+        return {"y": y} if return_dict else (y,)
+
+
+@pytest.mark.real_aoti
+@pytest.mark.realmodels
+def test_a_specialised_constant_must_be_stated_and_then_is_held_to(tmp_path: Path) -> None:
+    from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
+
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    x = torch.randn(2, 4)
+    program = torch.export.export(model, (x,), {"scale": 2.0})
+    spec = GraphClassSpec("tests/scaled", "dropin", program)
+    assert spec.declare().graph["pytree"]["ingress"]["excluded_inputs"] == ["scale"]
+    toolchain = record_toolchain()
+    key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
+    graph = (
+        Engine(tmp_path / "store")
+        .ensure(key, tmp_path / "graph", target="cpu", toolchain=toolchain, recipe=lambda: spec)
+        .compiled_graph
+    )
+    loaded = graph.load(model)
+    e = refused("run.call_invalid", loaded.as_module, model)
+    assert "scale" in str(e) and "constants=" in str(e)
+    module = loaded.as_module(like=model, constants={"scale": 2.0})
+    with torch.no_grad():
+        expected = model(x, scale=2.0)["y"]
+        torch.testing.assert_close(module(x, scale=2.0)["y"], expected)
+        torch.testing.assert_close(module(x, 2.0)["y"], expected)
+    refused("run.call_invalid", module, x, scale=3.0)
+    refused("run.call_invalid", module, x, scale=2)  # an int is not the float the export took
+    e = refused("run.call_invalid", module, x)  # the default (1.0) is not the graph
+    assert "pass scale=2.0" in str(e)
+    # Not a record output: return_dict does not reshape a plain dict.
+    assert isinstance(module(x, 2.0, return_dict=True), dict)
+    refused("run.call_invalid", module, x, 2.0, return_dict=False)

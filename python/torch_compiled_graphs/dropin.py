@@ -227,6 +227,12 @@ class GraphModule(torch.nn.Module):
                 "cannot be rebuilt from it: call with return_dict=False, or export with return_dict=True",
                 "run.call_invalid",
             )
+        if not return_dict:
+            raise BindingError(
+                f"return_dict=False asks for {self.like_class}'s tuple; the graph returns a "
+                f"{type(outputs).__qualname__}, which it cannot be made from: call with return_dict=True",
+                "run.call_invalid",
+            )
         return outputs
 
     def extra_repr(self) -> str:
