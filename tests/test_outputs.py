@@ -272,3 +272,23 @@ def test_to_numpy_refusals_are_typed() -> None:
     assert "dtype='float32'" in str(e)
     refused("run.call_invalid", to_numpy, bf16, dtype="int8")
     refused("run.call_invalid", to_numpy, np.zeros(3, np.float32))
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA device")
+def test_a_bfloat16_tensor_on_the_gpu_widens_exactly_after_its_copy_to_the_host() -> None:
+    import torch
+
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    tensor = from_buffer(bits, "bfloat16", [1 << 16], device="cuda:0")
+    assert tensor.device == "cuda:0"
+    oracle = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).cuda().float().cpu().numpy()
+    np.testing.assert_array_equal(to_numpy(tensor, dtype="float32").view(np.uint32), oracle.view(np.uint32))
