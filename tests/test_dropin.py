@@ -241,6 +241,14 @@ def test_the_drop_in_refuses_what_the_exported_call_does_not_cover(ddpm: dict[st
     # Constants are the non-tensor arguments of the exported call; this one has none.
     refused("run.call_invalid", ddpm["graph"].load(unet).as_module, unet, constants={"class_labels": 1})
     refused("run.call_invalid", ddpm["graph"].load(unet).as_module, object())
+    # A module of another forward is not what the graph was exported from.
+    e = refused("run.call_invalid", ddpm["graph"].load(unet).as_module, Other())
+    assert "['sample', 'timestep']" in str(e)
+
+
+class Other(torch.nn.Module):
+    def forward(self, a: Any, b: Any) -> Any:
+        return a + b
 
 
 # ------------------------------------------------ transformers (the real-model tier)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -82,6 +83,14 @@ class GraphModule(torch.nn.Module):
                 )
         ingress = graph._stored.metadata["graph_class"]["graph"].get("pytree", {}).get("ingress")
         excluded = [str(n) for n in ingress.get("excluded_inputs", [])] if isinstance(ingress, dict) else []
+        exported = [str(n) for n in ingress.get("parameters", [])] if isinstance(ingress, dict) else []
+        foreign = [n for n in exported if n not in params and not re.fullmatch(r"arg\d+", n)]
+        if foreign and self._var_keyword is None:
+            raise BindingError(
+                f"the graph was exported from a forward with parameters {exported}; {self.like_class}.forward has "
+                f"no {foreign}: pass like= the module it was exported from",
+                "run.call_invalid",
+            )
         given = dict(constants or {})
         unknown = sorted(set(given) - set(excluded))
         if unknown:
