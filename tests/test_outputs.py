@@ -292,3 +292,102 @@ def test_a_bfloat16_tensor_on_the_gpu_widens_exactly_after_its_copy_to_the_host(
     assert tensor.device == "cuda:0"
     oracle = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).cuda().float().cpu().numpy()
     np.testing.assert_array_equal(to_numpy(tensor, dtype="float32").view(np.uint32), oracle.view(np.uint32))
+
+
+# ------------------------------------ load() of a graph whose output type is not a record
+
+CUSTOM_OUTPUT_MODULE = """
+from dataclasses import dataclass
+import torch
+import torch.utils._pytree as pytree
+
+
+@dataclass
+class Scores:
+    top: object
+    rest: object
+
+
+pytree.register_pytree_node(
+    Scores,
+    lambda s: ([s.top, s.rest], ["top", "rest"]),
+    lambda values, context: Scores(*values),
+    serialized_type_name="tcg_h24_scores.Scores",
+)
+
+
+class Scorer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.linear(x)
+        return Scores(top=y.max(dim=-1).values, rest=y)
+"""
+
+
+@pytest.mark.real_aoti
+@pytest.mark.realmodels
+def test_a_registered_output_type_is_rebuilt_where_importable_and_a_typed_refusal_elsewhere(tmp_path: Path) -> None:
+    """A user's own registered output class (not a transformers/diffusers record): load()
+    imports its module in a fresh worker and returns the class; a worker that cannot
+    import it gets ``run.spec_unsupported`` naming the type, and load_native
+    ``run.native_unsupported`` (never torch's NotImplementedError, never a crash)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
+
+    (tmp_path / "tcg_h24_scores.py").write_text(CUSTOM_OUTPUT_MODULE)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import tcg_h24_scores  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+    torch.manual_seed(0)
+    model = tcg_h24_scores.Scorer().eval()
+    x = torch.randn(2, 4)
+    program = torch.export.export(model, (x,))
+    spec = GraphClassSpec("tests/scores", "outputs", program)
+    toolchain = record_toolchain()
+    key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
+    Engine(tmp_path / "store").ensure(key, tmp_path / "graph", target="cpu", toolchain=toolchain, recipe=lambda: spec)
+    save_file(dict(model.state_dict()), tmp_path / "w.safetensors")
+    np.save(tmp_path / "x.npy", x.numpy())
+    with torch.no_grad():
+        expected = model(x).rest.numpy()
+
+    code = f"""
+        import json, sys
+        import numpy as np
+        if IMPORTABLE:
+            sys.path.insert(0, {str(tmp_path)!r})
+        from torch_compiled_graphs import Engine
+        store = Engine({str(tmp_path / "store")!r})
+        graph = store.resolve({str(key)!r}, {str(tmp_path)!r} + "/fresh-" + str(IMPORTABLE))
+        result = {{}}
+        try:
+            graph.load_native({str(tmp_path / "w.safetensors")!r})
+        except Exception as exc:
+            result["native"] = [type(exc).__name__, getattr(exc, "code", None), "tcg_h24_scores.Scores" in str(exc)]
+        import torch
+        from safetensors.torch import load_file
+        try:
+            loaded = graph.load(load_file({str(tmp_path / "w.safetensors")!r}))
+            out = loaded(torch.from_numpy(np.load({str(tmp_path / "x.npy")!r})))
+            result["type"] = type(out).__module__ + "." + type(out).__name__
+            np.save({str(tmp_path)!r} + "/rest.npy", out.rest.numpy())
+        except Exception as exc:
+            result["load"] = [type(exc).__name__, getattr(exc, "code", None), "tcg_h24_scores.Scores" in str(exc)]
+        print(json.dumps(result))
+        """
+    assert run_fresh("IMPORTABLE = False\n" + textwrap.dedent(code), Path("/")) == {
+        "native": ["BindingError", "run.native_unsupported", True],
+        "load": ["BindingError", "run.spec_unsupported", True],
+    }
+    assert run_fresh("IMPORTABLE = True\n" + textwrap.dedent(code), Path("/")) == {
+        "native": ["BindingError", "run.native_unsupported", True],
+        "type": "tcg_h24_scores.Scores",
+    }
+    np.testing.assert_allclose(np.load(tmp_path / "rest.npy"), expected, rtol=1e-5, atol=1e-6)
