@@ -234,6 +234,11 @@ def test_the_drop_in_refuses_what_the_exported_call_does_not_cover(ddpm: dict[st
     refused("run.call_invalid", module, x, t, return_dict="yes")
     refused("run.input_mismatch", module, x, t.float())
     refused("run.input_mismatch", module, torch.zeros(2, 3, 8, 8), t)
+    # The LoadedGraph under it checks each call against the call ingress before the runtime.
+    loaded = module.graph
+    refused("run.call_invalid", loaded, x, 5)
+    refused("run.input_mismatch", loaded, x, t.float())
+    refused("run.input_mismatch", loaded, x[:, :, :4], t)
     # It stays where it was loaded.
     assert module.to("cpu") is module and module.to(torch.float32) is module
     refused("run.device_mismatch", module.to, "meta")
