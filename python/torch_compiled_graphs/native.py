@@ -26,6 +26,7 @@ import os
 
 from . import _native
 from .errors import BindingError
+from .outputs import GraphOutput, is_output_record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,9 +36,10 @@ if TYPE_CHECKING:
     from .engine import StoredCompiledGraph, StrPath
 
     # ("leaf",) | ("tuple" | "list", children) | ("dict", keys, children)
+    # | ("record", type name, fields, children): an output class read as a GraphOutput
     Spec: TypeAlias = tuple[Any, ...]
 
-__all__ = ["NativeGraph", "find_torch_lib", "from_buffer"]
+__all__ = ["GraphOutput", "NativeGraph", "find_torch_lib", "from_buffer", "to_numpy"]
 
 # numpy type strings (and buffer-protocol formats) of the dtypes the path passes.
 _TYPESTR = {
@@ -144,33 +146,58 @@ def _check_torch(stored: StoredCompiledGraph, torch_lib: str) -> str:
 # ----------------------------------------------------------------- tree specs
 
 
-def _parse_spec(text: str, what: str) -> Spec:
-    """Torch's treespec JSON (protocol 1) as nested tuples; only tuple, list,
-    dict and leaf nodes are understood (``run.native_unsupported`` otherwise)."""
+def _context(node: dict[str, Any], default: str) -> Any:
+    """A treespec node's context, decoded (``None`` when it is not JSON)."""
+    try:
+        return json.loads(node.get("context") or default)
+    except (ValueError, TypeError):
+        return None
+
+
+def _parse_spec(text: str, what: str, *, records: bool = False, unsupported: str = "run.native_unsupported") -> Spec:
+    """Torch's treespec JSON (protocol 1) as nested tuples; tuple, list, dict and
+    leaf nodes are understood, and with ``records`` the registered output classes
+    of transformers and diffusers (:func:`~torch_compiled_graphs.outputs.is_output_record`),
+    whose context is the list of their set fields; any other node is
+    ``run.native_unsupported``, naming its type."""
     try:
         protocol, root = json.loads(text)
     except (ValueError, TypeError) as exc:
-        raise BindingError(f"the graph's {what} spec is not a treespec: {exc}", "run.native_unsupported") from exc
+        raise BindingError(f"the graph's {what} spec is not a treespec: {exc}", unsupported) from exc
     if protocol != 1:
-        raise BindingError(f"the graph's {what} spec uses treespec protocol {protocol}", "run.native_unsupported")
+        raise BindingError(f"the graph's {what} spec uses treespec protocol {protocol}", unsupported)
 
     def node(n: Any) -> Spec:
         if not isinstance(n, dict) or not isinstance(n.get("children_spec"), list):
-            raise BindingError(f"the graph's {what} spec is malformed", "run.native_unsupported")
+            raise BindingError(f"the graph's {what} spec is malformed", unsupported)
         kind, children = n.get("type"), [node(c) for c in n["children_spec"]]
         if kind is None and not children:
             return ("leaf",)
         if kind in ("builtins.tuple", "builtins.list"):
             return (kind.removeprefix("builtins."), children)
         if kind == "builtins.dict":
-            keys = json.loads(n.get("context") or "[]")
+            keys = _context(n, "[]")
             if not isinstance(keys, list) or len(keys) != len(children) or not all(isinstance(k, str) for k in keys):
-                raise BindingError(f"the graph's {what} spec has a dict of non-string keys", "run.native_unsupported")
+                raise BindingError(f"the graph's {what} spec has a dict of non-string keys", unsupported)
             return ("dict", keys, children)
-        raise BindingError(
-            f"the graph's {what} spec has a {kind} node, which the native path does not interpret; use load()",
-            "run.native_unsupported",
-        )
+        if records and isinstance(kind, str) and is_output_record(kind):
+            fields = _context(n, "null")
+            if (
+                not isinstance(fields, list)
+                or len(fields) != len(children)
+                or not all(isinstance(f, str) for f in fields)
+                or len(set(fields)) != len(fields)
+            ):
+                raise BindingError(
+                    f"the graph's {what} spec has a {kind} node whose context is not its list of field names",
+                    unsupported,
+                )
+            return ("record", kind, fields, children)
+        if unsupported == "run.native_unsupported":
+            hint = "the native path does not interpret it; use load()"
+        else:
+            hint = "torch cannot rebuild it in this process; import the module that registers it before load()"
+        raise BindingError(f"the graph's {what} spec has a {kind} node: {hint}", unsupported)
 
     return node(root)
 
@@ -210,6 +237,8 @@ def _unflatten(spec: Spec, leaves: Any) -> Any:
         return tuple(_unflatten(c, leaves) for c in spec[1])
     if kind == "list":
         return [_unflatten(c, leaves) for c in spec[1]]
+    if kind == "record":
+        return GraphOutput(spec[1], spec[2], [_unflatten(c, leaves) for c in spec[3]])
     return {k: _unflatten(c, leaves) for k, c in zip(spec[1], spec[2], strict=True)}
 
 
@@ -370,7 +399,7 @@ class NativeGraph:
         self._stream = 0
         in_text, out_text = self._model.call_spec
         self._in = _parse_spec(in_text, "input")
-        self._out = _parse_spec(out_text, "output")
+        self._out = _parse_spec(out_text, "output", records=True)
         if (
             self._in[0] != "tuple"
             or len(self._in[1]) != 2
@@ -546,3 +575,46 @@ def from_buffer(
         address = ctypes.addressof(ctypes.c_char.from_buffer(flat))
     # `flat` (and the object it views) stays referenced until the copy returned.
     return _native.upload(lib, address, flat.nbytes, dtype, [int(d) for d in shape], device, stream)
+
+
+# numpy dtypes of the float types ``to_numpy`` converts to (and from).
+_FLOATS = ("float16", "float32", "float64")
+
+
+def to_numpy(tensor: Any, dtype: str | None = None) -> Any:
+    """A numpy array of ``tensor`` (a :class:`NativeTensor`, on the host or a GPU), without torch.
+
+    With ``dtype=None`` the array has the tensor's own type (a zero-copy view of a
+    host tensor; ``bfloat16`` has no numpy type and is refused: ask for a float).
+    With ``dtype="float32"`` (or ``"float64"``, ``"float16"``) a new array of that
+    type: a ``bfloat16`` tensor is widened exactly (its 16 bits are the upper half
+    of the float32 with the same value, NaN and infinity included), other types
+    are converted by numpy's ``astype``. A GPU tensor is copied to the host first
+    (after the graph's stream).
+    """
+    import numpy as np
+
+    if not isinstance(tensor, _native.NativeTensor):
+        raise BindingError(
+            f"to_numpy takes a NativeTensor (an output of load_native), got {type(tensor).__qualname__}",
+            "run.call_invalid",
+        )
+    if dtype is not None and dtype not in _FLOATS:
+        raise BindingError(f"to_numpy converts to one of {list(_FLOATS)}, not {dtype!r}", "run.call_invalid")
+    host = tensor if tensor.device == "cpu" else tensor.cpu()
+    if host.dtype == "bfloat16":
+        if dtype is None:
+            raise BindingError(
+                "numpy has no bfloat16 type; pass dtype='float32' for an exact widening", "run.call_invalid"
+            )
+        bits = np.asarray(host).view(np.uint16)
+        widened = (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        if dtype == "float32":
+            return widened
+        array = widened
+    else:
+        array = np.asarray(host)
+        if dtype is None:
+            return array
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and out-of-range values convert as numpy does
+        return array.astype(dtype)

@@ -23,6 +23,7 @@ from . import _native
 from .errors import BindingError
 
 if TYPE_CHECKING:
+    from .dropin import GraphModule
     from .engine import StoredCompiledGraph
 
 __all__ = ["LoadedGraph", "load"]
@@ -134,6 +135,65 @@ def _check(name: str, tensor: Any, row: Mapping[str, Any], device: Any) -> Any:
     return tensor.detach().contiguous()
 
 
+def _spec_types(node: object, out: list[str]) -> list[str]:
+    """Every node type a treespec JSON node names (depth first)."""
+    if isinstance(node, dict):
+        kind = node.get("type")
+        if isinstance(kind, str) and kind not in out:
+            out.append(kind)
+        for child in node.get("children_spec") or []:
+            _spec_types(child, out)
+    return out
+
+
+def _unknown_types(text: str) -> list[str]:
+    """The node types of a treespec JSON that torch's pytree has no class for in this process."""
+    import json
+
+    from torch.utils import _pytree as pytree
+
+    known = getattr(pytree, "SERIALIZED_TYPE_TO_PYTHON_TYPE", {})
+    try:
+        _, root = json.loads(text)
+    except (ValueError, TypeError):
+        return []
+    return [t for t in _spec_types(root, []) if t not in known]
+
+
+def _import_for(type_name: str) -> bool:
+    """Import the module of a serialized type name (``a.b.Class`` -> ``a.b``) when it is
+    already imported or its top-level package is installed; whether it could be."""
+    import importlib
+    import importlib.util
+    import sys
+
+    module = type_name.rpartition(".")[0]
+    if not module or module in sys.modules:
+        return bool(module)
+    try:
+        if importlib.util.find_spec(module.partition(".")[0]) is None:
+            return False
+        importlib.import_module(module)
+    except Exception:  # an installed package that fails to import is one that is not importable
+        return False
+    return True
+
+
+def _torch_spec(text: str, what: str) -> Any:
+    """Torch's own reading of a call spec: the library's output classes rebuilt, after
+    importing the modules that register them (:func:`_import_for`); ``None`` when
+    torch still cannot read it in this process."""
+    from torch.utils import _pytree as pytree
+
+    for attempt in range(2):
+        try:
+            return pytree.treespec_loads(text)
+        except Exception:
+            if attempt or not any([_import_for(t) for t in _unknown_types(text)]):
+                return None
+    return None
+
+
 class LoadedGraph:
     """A resolved graph loaded with its constants bound: call it like the original module."""
 
@@ -185,8 +245,22 @@ class LoadedGraph:
         from torch.utils import _pytree as pytree
 
         self._pytree = pytree
-        self._in_spec = pytree.treespec_loads(in_spec)
-        self._out_spec = pytree.treespec_loads(out_spec)
+        self._in_spec = _torch_spec(in_spec, "input")
+        if self._in_spec is None:
+            raise BindingError(
+                f"the graph's input spec names a type torch cannot rebuild here ({_unknown_types(in_spec)}); "
+                "import the module that registers it before load()",
+                "run.spec_unsupported",
+            )
+        self._out_text = str(out_spec)
+        self._out_spec = _torch_spec(out_spec, "output")
+        #: The output spec as read without the library's classes (``None`` when torch
+        #: rebuilds them): records of named fields come back as GraphOutput.
+        self._out_records: Any = None
+        if self._out_spec is None:
+            from .native import _parse_spec
+
+            self._out_records = _parse_spec(out_spec, "output", records=True, unsupported="run.spec_unsupported")
         self._kwarg_names: list[str] = list(self._in_spec.child(1).context or [])
         self.rebind(weights)
 
@@ -257,8 +331,79 @@ class LoadedGraph:
                 "run.call_invalid",
             )
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        self._check_inputs(flat)
         outputs = self._loader.boxed_run(tensors)
+        if self._out_spec is None:
+            from .native import _unflatten
+
+            return _unflatten(self._out_records, iter(outputs))
         return self._pytree.tree_unflatten(outputs, self._out_spec)
+
+    def _check_inputs(self, flat: list[Any]) -> None:
+        """The call's tensors against the call ingress: a tensor exactly where the graph
+        takes one (``run.call_invalid``), its dtype, rank, static sizes and symbol ranges
+        (``run.input_mismatch``, as on the native path). A call the graph was not compiled
+        for is a typed refusal, not a runtime error or a read past an input; artifacts
+        without an ingress are checked by the runtime alone."""
+        import torch
+
+        pytree = self._stored.metadata["graph_class"]["graph"].get("pytree", {})
+        ingress = pytree.get("ingress") if isinstance(pytree, dict) else None
+        if not isinstance(ingress, dict):
+            return
+        rows = {int(r["position"]): r for r in ingress["inputs"]}
+        symbols: Mapping[str, Any] = ingress.get("symbols", {})
+        bound: dict[str, int] = {}
+        bad = "run.input_mismatch"
+        for position, value in enumerate(flat):
+            row = rows.get(position)
+            if row is None:
+                if isinstance(value, torch.Tensor):
+                    raise BindingError(
+                        f"argument {position} of the flattened call is a tensor where the graph takes none",
+                        "run.call_invalid",
+                    )
+                continue
+            name = row["name"]
+            if not isinstance(value, torch.Tensor):
+                raise BindingError(
+                    f"input {name!r} must be a tensor ({row['dtype']}), got {type(value).__qualname__}",
+                    "run.call_invalid",
+                )
+            dtype = str(value.dtype).removeprefix("torch.")
+            if dtype != row["dtype"]:
+                raise BindingError(f"input {name!r} is {dtype}, the graph was compiled for {row['dtype']}", bad)
+            dims, shape = list(row["shape"]), list(value.shape)
+            if len(shape) != len(dims):
+                raise BindingError(f"input {name!r} has rank {len(shape)}, the graph was compiled for {len(dims)}", bad)
+            for k, (size, dim) in enumerate(zip(shape, dims, strict=True)):
+                if isinstance(dim, int) and size != dim:
+                    raise BindingError(f"input {name!r} has size {size} at dimension {k}, the graph needs {dim}", bad)
+                if isinstance(dim, str):
+                    lo, hi = symbols[dim]
+                    if not lo <= size <= hi or bound.setdefault(dim, size) != size:
+                        raise BindingError(
+                            f"input {name!r} has size {size} at dimension {k}; {dim} must be in [{lo}, {hi}] and "
+                            "the same wherever it appears",
+                            bad,
+                        )
+
+    @property
+    def output_type(self) -> str:
+        """How outputs are rebuilt: ``"torch"`` (torch's pytree, with the model library's
+        own output classes) or ``"GraphOutput"`` (a class that could not be imported,
+        read as a :class:`~torch_compiled_graphs.outputs.GraphOutput`)."""
+        return "torch" if self._out_spec is not None else "GraphOutput"
+
+    def as_module(self, like: Any, *, constants: Mapping[str, object] | None = None) -> GraphModule:
+        """This graph as an ``nn.Module`` in place of ``like`` (the module it was exported
+        from, or one of its class and config): called like ``like``, with ``return_dict``,
+        ``config``, ``dtype`` and ``device`` (docs/run.md, "Drop-in use"). ``constants``
+        states the non-tensor arguments the program was exported with (other than
+        ``return_dict``), which the artifact does not record."""
+        from .dropin import GraphModule
+
+        return GraphModule(self, like, constants=constants)
 
     def __repr__(self) -> str:
         return f"LoadedGraph(key={self._stored.key!r}, device={str(self.device)!r})"

@@ -266,6 +266,9 @@ codes! {
     RunInputLayout => Binding, "run.input_layout";
     /// The compiled graph reported a failure while it ran.
     RunExecutionFailed => Binding, "run.execution_failed";
+    /// A call or output spec names a pytree type torch cannot rebuild in this process
+    /// (its module is not importable) and that is not an output record read by field name.
+    RunSpecUnsupported => Binding, "run.spec_unsupported";
 
     IoDestinationOccupied => Io, "io.destination_occupied";
     IoDestinationNotDirectory => Io, "io.destination_not_directory";
