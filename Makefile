@@ -67,7 +67,8 @@ python-checks: ssh-keygen
 # each model through export, mint, fresh-process load / load_native from the
 # checkpoints a user has, and reuse. `make test` runs two of them.
 realmodels: develop
-	$(VPY) -m pytest tests/test_realmodels.py -v
+	$(VPY) -m pytest -v tests/test_realmodels.py
+	$(VPY) -m pytest -v -m realmodels --ignore=tests/test_realmodels.py
 
 clean:
 	cargo clean
