@@ -56,8 +56,8 @@ def _device(stored: StoredCompiledGraph, device: object) -> Any:
     return dev
 
 
-def _from_files(weights: object) -> dict[str, Any]:
-    """Every tensor of a checkpoint on disk (the forms ``load_native`` takes), on the CPU."""
+def _from_files(weights: object, device: Any = None) -> dict[str, Any]:
+    """Every tensor of a checkpoint on disk (the forms ``load_native`` takes), on ``device``."""
     from safetensors.torch import load_file
 
     from .native import _weight_paths
@@ -66,7 +66,7 @@ def _from_files(weights: object) -> dict[str, Any]:
     for path in _weight_paths(weights):
         for file, names in _native.checkpoint_files(path):
             try:
-                tensors = load_file(file)
+                tensors = load_file(file, device=str(device) if device is not None else "cpu")
             except Exception as exc:
                 raise BindingError(f"{file} is not a readable safetensors file: {exc}", "run.weights_invalid") from exc
             if names is not None and set(tensors) != set(names):
@@ -78,7 +78,7 @@ def _from_files(weights: object) -> dict[str, Any]:
     return out
 
 
-def _weights(weights: object) -> dict[str, Any]:
+def _weights(weights: object, device: Any = None) -> dict[str, Any]:
     import torch
 
     if isinstance(weights, torch.nn.Module):
@@ -88,7 +88,7 @@ def _weights(weights: object) -> dict[str, Any]:
         named.update(weights.named_buffers(remove_duplicate=False))
         return named
     if isinstance(weights, (str, os.PathLike, list, tuple)):
-        return _from_files(weights)
+        return _from_files(weights, device)
     if isinstance(weights, Mapping):
         out: dict[str, Any] = {}
         for name, value in weights.items():
@@ -290,7 +290,7 @@ class LoadedGraph:
         """Bind new weights (after an out-of-place change), with the same checks as loading."""
         import torch
 
-        named, outside = _renamed(_weights(weights), *self._naming)
+        named, outside = _renamed(_weights(weights, self.device), *self._naming)
         plan = _native.package_plan_binding(os.fspath(self._stored.package_path), self._stored.metadata, list(named))
         for bound_name, other in plan["duplicates"]:
             a, b = named[bound_name], named[other]
