@@ -73,6 +73,10 @@ enum Command {
     Resolve {
         #[command(flatten)]
         store: StoreArg,
+        /// Serve only what the store minted or the policy admits; a fetch
+        /// from the remote admits only a trusted signed artifact.
+        #[command(flatten)]
+        trust: TrustArg,
         /// The compiled-graph key.
         key: String,
         /// The directory to publish the unpacked artifact at.
@@ -593,11 +597,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
         }
         Command::Resolve {
             store,
+            trust,
             key,
             dest,
             json,
         } => {
-            let engine = store.resolving()?;
+            let engine = store.resolving()?.with_trust(trust.settings().load()?);
             match engine.resolve(&key, &dest) {
                 Ok(Some(r)) => {
                     let mut m = metadata_summary(&r.metadata);

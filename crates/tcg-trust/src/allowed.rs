@@ -35,6 +35,8 @@ pub struct AllowedSigners {
     pub path: PathBuf,
     /// The ed25519 lines.
     pub signers: Vec<AllowedSigner>,
+    /// Hex SHA-256 of the file's exact text (part of the policy's digest).
+    pub digest: String,
 }
 
 fn invalid(path: &Path, line: usize, message: impl Into<String>) -> TrustError {
@@ -244,6 +246,7 @@ impl AllowedSigners {
         Ok(AllowedSigners {
             path: path.to_path_buf(),
             signers,
+            digest: sha256_hex(text.as_bytes()),
         })
     }
 }
@@ -252,6 +255,13 @@ impl AllowedSigners {
 #[derive(Debug, Clone, Default)]
 pub struct RevokedKeys {
     keys: Vec<KeyData>,
+    /// Hex SHA-256 of the file's exact bytes; `None` without a file.
+    digest: Option<String>,
+}
+
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest as _, Sha256};
+    hex::encode(Sha256::digest(bytes))
 }
 
 impl RevokedKeys {
@@ -271,7 +281,15 @@ impl RevokedKeys {
                 .map_err(|e| invalid(path, i + 1, format!("not an OpenSSH public key: {e}")))?;
             keys.push(key.key_data().clone());
         }
-        Ok(RevokedKeys { keys })
+        Ok(RevokedKeys {
+            keys,
+            digest: Some(sha256_hex(&bytes)),
+        })
+    }
+
+    /// Hex SHA-256 of the file's bytes (`None` when no file was given).
+    pub fn digest(&self) -> Option<&str> {
+        self.digest.as_deref()
     }
 
     /// Whether `key` is revoked.

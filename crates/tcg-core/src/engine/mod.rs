@@ -8,6 +8,7 @@
 //! verifies, stores and resolves what it returns.
 
 mod admin;
+mod admission;
 mod admitted;
 mod adopt;
 mod destination;
@@ -33,6 +34,7 @@ use crate::identity::is_compiled_graph_key;
 use crate::{Code, Error, Result};
 
 pub use admin::Counter;
+pub use admission::{admission_ref, Basis, ADMISSION_REF_PREFIX};
 pub use admitted::{admitted_ref, ADMITTED_REF_PREFIX};
 pub use adopt::{AdoptEntry, AdoptStatus};
 pub use explain::{
