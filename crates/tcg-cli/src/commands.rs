@@ -544,7 +544,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             let config = trust.settings().load()?;
             let mut m = metadata_summary(&report.envelope.metadata);
             if let Some(policy) = config.policy() {
-                let subject = envelope_subject(&artifact)?;
+                // The subject of the bytes just verified (one read of one
+                // handle), never a second read of the path.
+                let subject = tcg_core::engine::subject_of(
+                    &report.envelope.metadata,
+                    &report.envelope_sha256,
+                );
                 let sig = sig_path(&artifact);
                 let entries = match tcg_trust::read_small_file(&sig) {
                     Ok(bytes) => tcg_trust::parse_document(&bytes)
@@ -564,6 +569,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 m.insert("trusted".into(), Value::Bool(true));
                 m.insert("trusted_by".into(), signature_summary(&admitted.signature));
             }
+            m.insert(
+                "envelope_sha256".into(),
+                report.envelope_sha256.to_hex().into(),
+            );
             m.insert("verified".into(), Value::Bool(true));
             m.insert(
                 "host_admitted".into(),

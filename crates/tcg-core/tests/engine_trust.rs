@@ -489,3 +489,45 @@ fn a_trusting_engine_never_serves_what_an_untrusting_one_brought_in() {
     let t3 = trusting_engine(&store3, &allowed, None);
     assert!(t3.resolve(KEY, &d.path().join("g8")).unwrap().is_none());
 }
+
+/// Issue 25: `verify --trust` decides on the bytes it verified. The digest
+/// comes from the one handle the verifier read: replacing the file at the
+/// path after it was opened changes nothing, and the digest is the one the
+/// original's signature states.
+#[test]
+fn verify_binds_trust_to_the_bytes_read_through_one_handle() {
+    use sha2::{Digest as _, Sha256};
+    let d = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(d.path(), "ci", "ci@a.example");
+    let signed = d.path().join("signed.tar.gz");
+    minted_and_exported(&d.path().join("p"), &key, &signed);
+    let original = std::fs::read(&signed).unwrap();
+    let path = d.path().join("graph.tar.gz");
+    std::fs::write(&path, &original).unwrap();
+    let handle = std::fs::File::open(&path).unwrap();
+    // Swapped after open: another valid envelope of the same key.
+    let other = d.path().join("other.tar.gz");
+    std::fs::copy(reference(), &other).unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    let report = tcg_core::artifact::verify_file(handle, false).unwrap();
+    let want = hex::encode(Sha256::digest(&original));
+    assert_eq!(report.envelope_sha256.to_hex(), want);
+    assert_ne!(
+        tcg_core::engine::envelope_subject(&path)
+            .unwrap()
+            .envelope_sha256,
+        want,
+        "the path now names other bytes"
+    );
+    // The signature of the original admits the subject of what was verified.
+    let entries = tcg_trust::parse_document(&std::fs::read(sig_path(&signed)).unwrap()).unwrap();
+    let allowed = write(
+        &d.path().join("allowed_signers"),
+        &format!("ci@a.example {public}\n"),
+    );
+    let policy = tcg_trust::TrustPolicy::load(&allowed, None).unwrap();
+    let subject = tcg_core::engine::subject_of(&report.envelope.metadata, &report.envelope_sha256);
+    policy
+        .admit(&entries, &subject, tcg_trust::unix_now())
+        .unwrap();
+}
