@@ -668,11 +668,15 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             store,
             trust,
             json,
-        } => crate::adopt::run(
-            &store.engine()?.with_trust(trust.settings().load()?),
-            &from_hashrepo,
-            json,
-        ),
+        } => {
+            // Before the new store is created: it must not land in the old root.
+            tcg_core::engine::check_adopt_layout(&from_hashrepo, &store.root()?)?;
+            crate::adopt::run(
+                &store.engine()?.with_trust(trust.settings().load()?),
+                &from_hashrepo,
+                json,
+            )
+        }
         Command::Export { store, key, path } => {
             let out = store
                 .engine()?

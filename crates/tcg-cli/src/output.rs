@@ -89,6 +89,9 @@ fn hint(err: &Error) -> Option<&'static str> {
             "the store must be writable by its owner only: chown it to yourself and run chmod -R go-w on it",
         ),
         StoreDestinationInStore => Some("choose a destination outside the store root"),
+        StoreAdoptOverlap => Some(
+            "choose a --cas-root outside the old root (and not above it), e.g. a sibling directory",
+        ),
         StoreGcAborted => Some("run fsck --quarantine to move unreadable ref records aside"),
         _ => None,
     }
