@@ -249,7 +249,8 @@ def test_resolve_applies_the_policy_from_the_environment_and_local_hits_need_an_
     assert out.returncode == 1 and not (tmp_path / "g2").exists(), out.stderr
 
     # An untrusting fetch into the worker's store, then a trusting engine over it: no local hit.
-    out = cli("resolve", "--cas-root", str(worker), "--remote", fleet, "--json", REFERENCE_KEY, str(tmp_path / "g3"), env={})
+    fetch = ("resolve", "--cas-root", str(worker), "--remote", fleet, "--json", REFERENCE_KEY, str(tmp_path / "g3"))
+    out = cli(*fetch, env={})
     assert out.returncode == 0 and json.loads(out.stdout)["source"] == "remote", out.stderr
     t = Engine(worker, trust=allowed, remote="")
     assert t.resolve(REFERENCE_KEY, tmp_path / "g4") is None

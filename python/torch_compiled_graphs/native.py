@@ -78,7 +78,8 @@ def _checked_shape(what: str, shape: Any) -> list[int]:
         dims = [operator.index(d) for d in shape]
     except TypeError:
         shown = f"{shape!r:.200}"
-        raise BindingError(f"{what} has a shape that is not a sequence of integers: {shown}", "run.input_layout") from None
+        message = f"{what} has a shape that is not a sequence of integers: {shown}"
+        raise BindingError(message, "run.input_layout") from None
     if len(dims) > 64 or any(d < 0 or d > _MAX_DIM for d in dims):
         raise BindingError(f"{what} has an invalid shape {dims}", "run.input_layout")
     return dims
