@@ -253,14 +253,38 @@ pub fn parse_time(v: &str) -> std::result::Result<i64, String> {
     Ok(days * 86_400 + h * 3600 + mi * 60 + s)
 }
 
-/// OpenSSH `match_pattern`: `*` and `?` wildcards.
+/// OpenSSH `match_pattern`: `*` and `?` wildcards, bytewise. Iterative
+/// (backtracking only to the last `*`), so the work is at most
+/// pattern × string even for patterns like `*a*a*a*b`; the result is the
+/// same as OpenSSH's recursive matcher.
 fn glob(pattern: &[u8], s: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => s.is_empty(),
-        Some((b'*', rest)) => (0..=s.len()).any(|i| glob(rest, &s[i..])),
-        Some((b'?', rest)) => !s.is_empty() && glob(rest, &s[1..]),
-        Some((c, rest)) => s.first() == Some(c) && glob(rest, &s[1..]),
+    let (mut p, mut i) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, i));
+                p += 1;
+            }
+            Some(b'?') => {
+                p += 1;
+                i += 1;
+            }
+            Some(&c) if c == s[i] => {
+                p += 1;
+                i += 1;
+            }
+            _ => match star {
+                Some((sp, si)) => {
+                    p = sp + 1;
+                    i = si + 1;
+                    star = Some((sp, si + 1));
+                }
+                None => return false,
+            },
+        }
     }
+    pattern[p..].iter().all(|&c| c == b'*')
 }
 
 /// OpenSSH `match_pattern_list`: a negated pattern that matches vetoes; a
@@ -438,6 +462,38 @@ mod tests {
         assert!(parse_time("20260101").is_err());
         assert!(parse_time("20261301Z").is_err());
         assert!(parse_time("2026010Z").is_err());
+    }
+
+    #[test]
+    fn globs_match_like_the_recursive_definition() {
+        fn reference(p: &[u8], s: &[u8]) -> bool {
+            match p.split_first() {
+                None => s.is_empty(),
+                Some((b'*', rest)) => (0..=s.len()).any(|i| reference(rest, &s[i..])),
+                Some((b'?', rest)) => !s.is_empty() && reference(rest, &s[1..]),
+                Some((c, rest)) => s.first() == Some(c) && reference(rest, &s[1..]),
+            }
+        }
+        let alphabet = [b'a', b'b', b'*', b'?'];
+        let mut patterns = vec![Vec::new()];
+        for _ in 0..4 {
+            let next: Vec<Vec<u8>> = patterns
+                .iter()
+                .flat_map(|p| alphabet.iter().map(move |&c| [p.clone(), vec![c]].concat()))
+                .collect();
+            patterns.extend(next);
+        }
+        patterns.sort();
+        patterns.dedup();
+        let strings: Vec<&[u8]> = vec![b"", b"a", b"b", b"ab", b"ba", b"aab", b"abab", b"bbb"];
+        for p in &patterns {
+            for s in &strings {
+                assert_eq!(glob(p, s), reference(p, s), "{:?} {:?}", p, s);
+            }
+        }
+        // Linear enough: a pathological pattern against 16 KiB answers at once.
+        let long = vec![b'a'; 16 * 1024];
+        assert!(!glob(b"*a*a*a*a*a*a*a*a*a*a*b", &long));
     }
 
     #[test]
