@@ -6,6 +6,7 @@ use tcg_cj::{Map, Value};
 use tcg_core::artifact::{self, Metadata};
 use tcg_core::engine::{envelope_subject, sig_path, signature_summary, Engine, TrustSettings};
 use tcg_core::identity;
+use tcg_core::text::{untrusted, untrusted_value};
 use tcg_core::Code;
 
 use crate::output::{print_line, Outcome};
@@ -407,9 +408,9 @@ fn print_metadata(md: &Value) -> anyhow::Result<()> {
 fn summary(md: &Metadata, what: &str) -> String {
     format!(
         "{what} {} ({}, sm {}, {} constants)",
-        md.key(),
-        md.name(),
-        md.sm(),
+        untrusted(md.key()),
+        untrusted(md.name()),
+        untrusted(md.sm()),
         md.constants().len()
     )
 }
@@ -422,9 +423,9 @@ pub(crate) fn print_report(value: &Value, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(value);
     }
-    match value {
+    match untrusted_value(value) {
         Value::Object(m) => {
-            for (k, v) in m {
+            for (k, v) in &m {
                 let text = match v {
                     Value::Str(s) => s.clone(),
                     other => tcg_cj::to_canonical_string(other)?,
@@ -433,7 +434,7 @@ pub(crate) fn print_report(value: &Value, json: bool) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        other => print_json(other),
+        other => print_json(&other),
     }
 }
 
@@ -514,13 +515,14 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 // stdout stays the metadata JSON (0.2.0's output); signers are notes on stderr.
                 for row in signatures.iter().flatten() {
                     let r = row.as_object().expect("rows are objects");
+                    // An unverified statement's producer is anyone's text.
                     let text = |k: &str| match r.get(k) {
-                        Some(Value::Str(s)) => s.clone(),
+                        Some(Value::Str(s)) => untrusted(s),
                         Some(Value::Int(i)) => i.to_string(),
                         _ => "-".into(),
                     };
                     let verdict = match r.get("error") {
-                        Some(Value::Str(code)) => code.clone(),
+                        Some(Value::Str(code)) => untrusted(code),
                         _ => "valid".into(),
                     };
                     eprintln!(
@@ -593,7 +595,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 };
                 eprintln!("{}{admitted}", summary(md, "verified"));
                 if let Some(Value::Object(t)) = m.get("trusted_by") {
-                    let text = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("-");
+                    let text = |k: &str| untrusted(t.get(k).and_then(Value::as_str).unwrap_or("-"));
                     eprintln!(
                         "trusted: signed by {} (producer {})",
                         text("fingerprint"),
@@ -638,7 +640,11 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                     Ok(Outcome::Negative)
                 }
                 Err(e) if e.kind() == tcg_core::Kind::Quarantined => {
-                    eprintln!("quarantined: {e} ({})", e.code());
+                    eprintln!(
+                        "quarantined: {} ({})",
+                        tcg_core::text::message(&e.to_string()),
+                        e.code()
+                    );
                     Ok(Outcome::Negative)
                 }
                 Err(e) => Err(anyhow::Error::new(e).context(format!("cannot resolve {key}"))),
@@ -714,7 +720,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 for row in rows.as_array().into_iter().flatten() {
                     let r = row.as_object().expect("rows are objects");
                     let text = |k: &str| match r.get(k) {
-                        Some(Value::Str(s)) => s.clone(),
+                        Some(Value::Str(s)) => untrusted(s),
                         Some(Value::Int(i)) => i.to_string(),
                         Some(Value::Bool(b)) => b.to_string(),
                         _ => "-".into(),
