@@ -57,7 +57,8 @@ enum Command {
         json: bool,
     },
     /// Verify an artifact completely and print its metadata as JSON (exit 0 valid, 1 refused);
-    /// with --trust, also require a trusted signature in ARTIFACT.sig.
+    /// with --trust, also require a trusted signature in ARTIFACT.sig of exactly the bytes verified
+    /// (the file is read once).
     Verify {
         /// A compiled_graph.tar.gz envelope.
         artifact: PathBuf,
@@ -70,12 +71,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Resolve a key into a directory and print its metadata as JSON (exit 1 on a miss or a quarantined record).
+    /// Resolve a key into a directory and print its metadata as JSON (exit 1 on a miss or a quarantined record);
+    /// under a trust policy, serve only a record this store minted or the policy admits, and fetch only a
+    /// trusted signed artifact.
     Resolve {
         #[command(flatten)]
         store: StoreArg,
-        /// Serve only what the store minted or the policy admits; a fetch
-        /// from the remote admits only a trusted signed artifact.
         #[command(flatten)]
         trust: TrustArg,
         /// The compiled-graph key.
@@ -262,7 +263,8 @@ pub(crate) struct StoreArg {
 #[derive(Debug, clap::Args)]
 struct TrustArg {
     /// An OpenSSH allowed_signers file: admit only artifacts a listed signer
-    /// signed [default: $TORCH_COMPILED_GRAPHS_TRUST].
+    /// signed [default: $TORCH_COMPILED_GRAPHS_TRUST; the flag wins, an empty
+    /// variable is unset].
     #[arg(long, value_name = "ALLOWED_SIGNERS")]
     trust: Option<PathBuf>,
     /// A file of revoked public keys [default: $TORCH_COMPILED_GRAPHS_REVOKED_KEYS].
