@@ -221,11 +221,11 @@ impl Engine {
         // policy admits is served; anything else (fetched or imported by an
         // untrusting engine) is a miss for this engine.
         if !self.admits_stored(&lease, key, &manifest)? {
-            super::remote::warn(format_args!(
-                "{key}: the local record (manifest {}) is not admitted by the trust policy \
-                 (no trusted signature, not minted here): a miss",
+            eprintln!(
+                "torch-compiled-graphs: warning: {key}: the local record (manifest {}) is not \
+                 admitted by the trust policy (no trusted signature, not minted here): a miss",
                 manifest.to_hex()
-            ));
+            );
             lease.end().map_err(store_err)?;
             return Ok(None);
         }
