@@ -70,14 +70,12 @@ fn push_escaped(out: &mut String, c: char) {
 /// marker saying how much was left out.
 pub fn untrusted_capped(s: &str, max: usize) -> String {
     let mut out = String::new();
-    let mut shown = 0;
-    for (i, c) in s.char_indices() {
+    for (shown, (i, c)) in s.char_indices().enumerate() {
         if shown == max {
             let _ = write!(out, "…[{} more bytes]", s.len() - i);
             return out;
         }
         push_escaped(&mut out, c);
-        shown += 1;
     }
     out
 }
