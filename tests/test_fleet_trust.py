@@ -216,3 +216,56 @@ def test_trusting_workers_ignore_an_untrusted_first_writer_and_compile_once(flee
     # A worker without a policy keeps following the ref.
     [plain] = finish([start(script, tmp_path / "n", fleet, tmp_path / "gn", base)])
     assert (plain["source"], plain["compiled"], plain["manifest"]) == ("remote", 0, untrusted["manifest"])
+
+
+def test_resolve_applies_the_policy_from_the_environment_and_local_hits_need_an_admission(
+    fleet: str, tmp_path: Path
+) -> None:
+    """Issue 25: with TORCH_COMPILED_GRAPHS_TRUST set, ``resolve --remote`` must not fetch and
+    serve an unsigned artifact; and a record an untrusting engine fetched is never served as
+    a local hit by a trusting engine over the same store, until a trusted signature admits it."""
+    from torch_compiled_graphs import Engine
+
+    key, public = keygen(tmp_path, "k", "ci@fleet")
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text(f"ci@fleet {public}\n")
+    untrusted = tmp_path / "untrusted"
+    Engine(untrusted, remote="").import_artifact(REFERENCE_KEY, REFERENCE / "mlp-cpu.tar.gz")
+    out = cli("push", "--cas-root", str(untrusted), "--remote", fleet, REFERENCE_KEY, env={})
+    assert out.returncode == 0, out.stderr
+
+    # The CLI resolve reads the policy from the environment: a miss, nothing stored.
+    worker = tmp_path / "worker"
+    env = {"TORCH_COMPILED_GRAPHS_TRUST": str(allowed)}
+    out = cli("resolve", "--cas-root", str(worker), "--remote", fleet, REFERENCE_KEY, str(tmp_path / "g1"), env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "trust.unsigned" in out.stderr and not (tmp_path / "g1").exists()
+    assert Engine(worker, remote="").resolve(REFERENCE_KEY, tmp_path / "g1b") is None
+    # The explicit flag too (and it wins over an empty variable).
+    out = cli(
+        "resolve", "--cas-root", str(worker), "--remote", fleet, "--trust", str(allowed), REFERENCE_KEY,
+        str(tmp_path / "g2"), env={"TORCH_COMPILED_GRAPHS_TRUST": ""},
+    )  # fmt: skip
+    assert out.returncode == 1 and not (tmp_path / "g2").exists(), out.stderr
+
+    # An untrusting fetch into the worker's store, then a trusting engine over it: no local hit.
+    fetch = ("resolve", "--cas-root", str(worker), "--remote", fleet, "--json", REFERENCE_KEY, str(tmp_path / "g3"))
+    out = cli(*fetch, env={})
+    assert out.returncode == 0 and json.loads(out.stdout)["source"] == "remote", out.stderr
+    t = Engine(worker, trust=allowed, remote="")
+    assert t.resolve(REFERENCE_KEY, tmp_path / "g4") is None
+    assert not (tmp_path / "g4").exists()
+    out = cli("resolve", "--cas-root", str(worker), REFERENCE_KEY, str(tmp_path / "g5"), env=env)
+    assert out.returncode == 1 and "not admitted by the trust policy" in out.stderr, out.stderr
+    # A trusting engine with the remote still misses (the remote has nothing signed either).
+    assert Engine(worker, trust=allowed, remote=fleet).resolve(REFERENCE_KEY, tmp_path / "g6") is None
+    # An engine without a policy still serves it.
+    assert Engine(worker, remote="").resolve(REFERENCE_KEY, tmp_path / "g7") is not None
+
+    # Once a trusted signer signs the local record, the trusting engine re-checks and admits it.
+    out = cli("sign", "--cas-root", str(worker), "--key", str(key), REFERENCE_KEY, env={})
+    assert out.returncode == 0, out.stderr
+    found = t.resolve(REFERENCE_KEY, tmp_path / "g8")
+    assert found is not None and found.source == "local"
+    out = cli("resolve", "--cas-root", str(worker), REFERENCE_KEY, str(tmp_path / "g9"), env=env)
+    assert out.returncode == 0, out.stderr

@@ -136,3 +136,45 @@ def _retag_cuda(capsule: object) -> object:
     # DLTensor: data (8 bytes), then DLDevice {int32 device_type, int32 device_id}.
     ctypes.c_int32.from_address(managed + 8).value = 2
     return capsule
+
+
+def _reshaped(capsule: object, dims: list[int]) -> object:
+    """The same legacy capsule with its shape values rewritten (the rank is kept)."""
+    import ctypes
+
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    managed = get(capsule, b"dltensor")
+    # DLTensor: data (8), device (8), ndim (4), dtype (4), then the shape pointer.
+    assert ctypes.c_int32.from_address(managed + 16).value == len(dims)
+    shape = ctypes.c_void_p.from_address(managed + 24).value
+    assert shape
+    for i, d in enumerate(dims):
+        ctypes.c_int64.from_address(shape + 8 * i).value = d
+    return capsule
+
+
+def test_overflowing_shapes_are_binding_errors_never_panics(native: NativeGraph) -> None:
+    """Issue 25: a DLPack shape whose byte size overflows raised PanicException; every size
+    computed from an untrusted shape (DLPack, __array_interface__, from_buffer) is checked."""
+    for dims in ([2**62, 2], [2**61, 1], [2**63 - 1, 2**63 - 1]):
+        cap = _reshaped(np.zeros((4, 16), np.float32).__dlpack__(), dims)
+        refused("run.input_layout", _native.DLPackInput, cap)
+
+    class Hostile:
+        def __init__(self, shape: object) -> None:
+            self.inner = np.zeros((4, 16), np.float32)
+            self.__array_interface__ = {
+                "shape": shape,
+                "typestr": "<f4",
+                "data": (self.inner.__array_interface__["data"][0], False),
+                "strides": None,
+                "version": 3,
+            }
+
+    for shape in ((2**62, 2**62), (2**64, 1), (4, -16), ("4", 16), None):
+        refused("run.input_layout", native, Hostile(shape))
+    raw = np.zeros(6, np.uint16)
+    for shape in ([2**62, 2**62], [2**64], [-1, 6], ["a"]):
+        refused("run.input_layout", from_buffer, raw, "bfloat16", shape)

@@ -333,6 +333,17 @@ def test_a_0_2_0_store_is_refused_with_the_way_forward_and_adopted(tmp_path: Pat
     assert after == before
 
 
+def test_adopt_refuses_a_cas_root_inside_the_old_root_before_writing(tmp_path: Path) -> None:
+    old = unpack_hashrepo(tmp_path / "old")
+    before = sorted((p.relative_to(old), p.read_bytes() if p.is_file() else b"") for p in old.rglob("*"))
+    for new in (old / "cas", old, tmp_path):
+        refused = run_cli("adopt", "--from-hashrepo", old, "--cas-root", new)
+        assert refused.returncode == 2, refused.stderr
+        assert "code: store.adopt_overlap" in refused.stderr and "hint:" in refused.stderr, refused.stderr
+    after = sorted((p.relative_to(old), p.read_bytes() if p.is_file() else b"") for p in old.rglob("*"))
+    assert after == before and not (old / "cas").exists()
+
+
 def test_adopt_refuses_a_corrupt_graph_with_its_code_and_exit_1(tmp_path: Path) -> None:
     old = unpack_hashrepo(tmp_path / "old")
     envelope = next(p for p in (old / "objects").rglob("*") if p.is_file() and p.stat().st_size > 1000)

@@ -7,6 +7,7 @@ checks that a configured signing key signs what ``ensure`` compiles.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -134,6 +135,10 @@ def test_cli_sign_export_verify_inspect_and_import(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     report = json.loads(ok.stdout)
     assert report["trusted"] is True and report["trusted_by"]["producer"] == "ci@a.example"
+    # Trust was decided on the bytes verified: their digest is the one the signature states.
+    statement = json.loads(json.loads(sig(out).read_text())["signatures"][0]["statement"])
+    assert report["envelope_sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert report["envelope_sha256"] == statement["envelope_sha256"]
 
     inspected = json.loads(cli("inspect", str(out), "--json").stdout)
     assert [(s["producer"], s["valid"]) for s in inspected["signatures"]] == [("ci@a.example", True)]

@@ -428,11 +428,18 @@ class Engine:
     Signed provenance (docs/trust.md): ``signing_key`` (an unencrypted OpenSSH
     ed25519 private key file) signs every artifact this engine mints;
     ``trust`` (an OpenSSH ``allowed_signers`` file, with an optional
-    ``revoked_keys`` file) makes ``import_artifact`` admit only artifacts a
-    trusted signer signed, raising ``TrustError`` otherwise. ``producer``
-    names this node in statements. Each defaults to its environment variable
+    ``revoked_keys`` file) is the trust policy of every method that brings
+    bytes in or serves them: ``import_artifact`` and ``adopt_hashrepo`` admit
+    only artifacts a trusted signer signed (raising ``TrustError``
+    otherwise), fetches from the remote (``resolve``, ``ensure``, ``pull``)
+    take only signed artifacts, and a local hit is served only when this
+    store minted the record or the policy admits it (an artifact an
+    untrusting engine brought in is a miss until a trusted signature admits
+    it; docs/trust.md, "Admission records"). ``producer`` names this node in
+    statements. Each argument wins over its environment variable
     ``TORCH_COMPILED_GRAPHS_SIGNING_KEY``, ``…_TRUST``, ``…_REVOKED_KEYS``,
-    ``…_PRODUCER``.
+    ``…_PRODUCER``, used when the argument is ``None`` (an empty variable is
+    unset).
     """
 
     def __init__(

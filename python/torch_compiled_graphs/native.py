@@ -22,6 +22,7 @@ See docs/run.md for what is checked and what is refused.
 from __future__ import annotations
 
 import json
+import operator
 import os
 
 from . import _native
@@ -66,6 +67,33 @@ _FORMAT = {
     "?": "bool",
 }
 _SIZE = {"float32": 4, "float64": 8, "float16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+
+# Every size computed from a caller's shape stays within what the native side
+# can hold (int64 dimensions, an isize byte count): beyond it is a refusal.
+_MAX_DIM = 2**63 - 1
+_MAX_BYTES = 2**63 - 1
+
+
+def _checked_shape(what: str, shape: Any) -> list[int]:
+    """``shape`` as a list of int64 dimensions, else ``BindingError(run.input_layout)``."""
+    try:
+        dims = [operator.index(d) for d in shape]
+    except TypeError:
+        shown = f"{shape!r:.200}"
+        message = f"{what} has a shape that is not a sequence of integers: {shown}"
+        raise BindingError(message, "run.input_layout") from None
+    if len(dims) > 64 or any(d < 0 or d > _MAX_DIM for d in dims):
+        raise BindingError(f"{what} has an invalid shape {dims}", "run.input_layout")
+    return dims
+
+
+def _checked_nbytes(what: str, shape: Sequence[int], itemsize: int) -> int:
+    nbytes = itemsize
+    for d in shape:
+        nbytes *= d
+    if nbytes > _MAX_BYTES:
+        raise BindingError(f"{what} of shape {list(shape)} is too large", "run.input_layout")
+    return nbytes
 
 
 def _torch_package_dir() -> str:
@@ -305,7 +333,7 @@ def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int], object]:
         if typestr[:1] not in "<|" or typestr[1:] not in _TYPESTR:
             raise BindingError(f"input {path} has type {typestr!r}, which the graph cannot take", "run.input_mismatch")
         dtype = _TYPESTR[typestr[1:]]
-        shape = [int(d) for d in iface["shape"]]
+        shape = _checked_shape(f"input {path}", iface.get("shape"))
         data = iface.get("data")
         if not isinstance(data, tuple) or not isinstance(data[0], int):
             raise BindingError(f"input {path} does not expose its memory by address", layout)
@@ -333,9 +361,7 @@ def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int], object]:
 
         dtype, shape = _FORMAT[fmt], list(view.shape or ())
         address = ctypes.addressof(ctypes.c_char.from_buffer(view)) if view.nbytes else 0
-    nbytes = _SIZE[dtype]
-    for d in shape:
-        nbytes *= d
+    nbytes = _checked_nbytes(f"input {path}", shape, _SIZE[dtype])
     if address % _SIZE[dtype]:
         raise BindingError(f"input {path} is not aligned to its {_SIZE[dtype]}-byte elements", layout)
     return address, nbytes, dtype, shape, keep
@@ -559,6 +585,7 @@ def from_buffer(
 
     The way to make inputs of a dtype numpy has no type for (``bfloat16``), or to
     place an input on the GPU once and reuse it across calls."""
+    dims = _checked_shape("the tensor", shape)
     lib = find_torch_lib(torch_lib)
     if isinstance(buffer, bytes):
         buffer = bytearray(buffer)
@@ -574,7 +601,7 @@ def from_buffer(
         flat = memoryview(copy)
         address = ctypes.addressof(ctypes.c_char.from_buffer(flat))
     # `flat` (and the object it views) stays referenced until the copy returned.
-    return _native.upload(lib, address, flat.nbytes, dtype, [int(d) for d in shape], device, stream)
+    return _native.upload(lib, address, flat.nbytes, dtype, dims, device, stream)
 
 
 # numpy dtypes of the float types ``to_numpy`` converts to (and from).

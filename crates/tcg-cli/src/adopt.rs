@@ -18,15 +18,21 @@ const STATUSES: [AdoptStatus; 5] = [
 ];
 
 fn line(e: &AdoptEntry) -> String {
-    let who = e
-        .key
-        .clone()
-        .unwrap_or_else(|| format!("refs/{}", e.ref_file));
+    // Names and messages come from the old store: untrusted text.
+    let who = tcg_core::text::untrusted(
+        &e.key
+            .clone()
+            .unwrap_or_else(|| format!("refs/{}", e.ref_file)),
+    );
     let why = match (&e.status, &e.error) {
         (AdoptStatus::Divergent, _) => {
             "  a different verified artifact already serves it here; this one was set aside".into()
         }
-        (_, Some(err)) => format!("  {}: {}", err.code(), err.message()),
+        (_, Some(err)) => format!(
+            "  {}: {}",
+            err.code(),
+            tcg_core::text::message(err.message())
+        ),
         _ => String::new(),
     };
     format!("{:<11} {who}{why}", e.status.as_str())

@@ -6,6 +6,7 @@ use tcg_cj::{Map, Value};
 use tcg_core::artifact::{self, Metadata};
 use tcg_core::engine::{envelope_subject, sig_path, signature_summary, Engine, TrustSettings};
 use tcg_core::identity;
+use tcg_core::text::{untrusted, untrusted_value};
 use tcg_core::Code;
 
 use crate::output::{print_line, Outcome};
@@ -56,7 +57,8 @@ enum Command {
         json: bool,
     },
     /// Verify an artifact completely and print its metadata as JSON (exit 0 valid, 1 refused);
-    /// with --trust, also require a trusted signature in ARTIFACT.sig.
+    /// with --trust, also require a trusted signature in ARTIFACT.sig of exactly the bytes verified
+    /// (the file is read once).
     Verify {
         /// A compiled_graph.tar.gz envelope.
         artifact: PathBuf,
@@ -69,10 +71,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Resolve a key into a directory and print its metadata as JSON (exit 1 on a miss or a quarantined record).
+    /// Resolve a key into a directory and print its metadata as JSON (exit 1 on a miss or a quarantined record);
+    /// under a trust policy, serve only a record this store minted or the policy admits, and fetch only a
+    /// trusted signed artifact.
     Resolve {
         #[command(flatten)]
         store: StoreArg,
+        #[command(flatten)]
+        trust: TrustArg,
         /// The compiled-graph key.
         key: String,
         /// The directory to publish the unpacked artifact at.
@@ -257,7 +263,8 @@ pub(crate) struct StoreArg {
 #[derive(Debug, clap::Args)]
 struct TrustArg {
     /// An OpenSSH allowed_signers file: admit only artifacts a listed signer
-    /// signed [default: $TORCH_COMPILED_GRAPHS_TRUST].
+    /// signed [default: $TORCH_COMPILED_GRAPHS_TRUST; the flag wins, an empty
+    /// variable is unset].
     #[arg(long, value_name = "ALLOWED_SIGNERS")]
     trust: Option<PathBuf>,
     /// A file of revoked public keys [default: $TORCH_COMPILED_GRAPHS_REVOKED_KEYS].
@@ -403,9 +410,9 @@ fn print_metadata(md: &Value) -> anyhow::Result<()> {
 fn summary(md: &Metadata, what: &str) -> String {
     format!(
         "{what} {} ({}, sm {}, {} constants)",
-        md.key(),
-        md.name(),
-        md.sm(),
+        untrusted(md.key()),
+        untrusted(md.name()),
+        untrusted(md.sm()),
         md.constants().len()
     )
 }
@@ -418,9 +425,9 @@ pub(crate) fn print_report(value: &Value, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(value);
     }
-    match value {
+    match untrusted_value(value) {
         Value::Object(m) => {
-            for (k, v) in m {
+            for (k, v) in &m {
                 let text = match v {
                     Value::Str(s) => s.clone(),
                     other => tcg_cj::to_canonical_string(other)?,
@@ -429,7 +436,7 @@ pub(crate) fn print_report(value: &Value, json: bool) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        other => print_json(other),
+        other => print_json(&other),
     }
 }
 
@@ -510,13 +517,14 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 // stdout stays the metadata JSON (0.2.0's output); signers are notes on stderr.
                 for row in signatures.iter().flatten() {
                     let r = row.as_object().expect("rows are objects");
+                    // An unverified statement's producer is anyone's text.
                     let text = |k: &str| match r.get(k) {
-                        Some(Value::Str(s)) => s.clone(),
+                        Some(Value::Str(s)) => untrusted(s),
                         Some(Value::Int(i)) => i.to_string(),
                         _ => "-".into(),
                     };
                     let verdict = match r.get("error") {
-                        Some(Value::Str(code)) => code.clone(),
+                        Some(Value::Str(code)) => untrusted(code),
                         _ => "valid".into(),
                     };
                     eprintln!(
@@ -540,7 +548,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             let config = trust.settings().load()?;
             let mut m = metadata_summary(&report.envelope.metadata);
             if let Some(policy) = config.policy() {
-                let subject = envelope_subject(&artifact)?;
+                // The subject of the bytes just verified (one read of one
+                // handle), never a second read of the path.
+                let subject = tcg_core::engine::subject_of(
+                    &report.envelope.metadata,
+                    &report.envelope_sha256,
+                );
                 let sig = sig_path(&artifact);
                 let entries = match tcg_trust::read_small_file(&sig) {
                     Ok(bytes) => tcg_trust::parse_document(&bytes)
@@ -560,6 +573,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 m.insert("trusted".into(), Value::Bool(true));
                 m.insert("trusted_by".into(), signature_summary(&admitted.signature));
             }
+            m.insert(
+                "envelope_sha256".into(),
+                report.envelope_sha256.to_hex().into(),
+            );
             m.insert("verified".into(), Value::Bool(true));
             m.insert(
                 "host_admitted".into(),
@@ -580,7 +597,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 };
                 eprintln!("{}{admitted}", summary(md, "verified"));
                 if let Some(Value::Object(t)) = m.get("trusted_by") {
-                    let text = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("-");
+                    let text = |k: &str| untrusted(t.get(k).and_then(Value::as_str).unwrap_or("-"));
                     eprintln!(
                         "trusted: signed by {} (producer {})",
                         text("fingerprint"),
@@ -593,11 +610,12 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
         }
         Command::Resolve {
             store,
+            trust,
             key,
             dest,
             json,
         } => {
-            let engine = store.resolving()?;
+            let engine = store.resolving()?.with_trust(trust.settings().load()?);
             match engine.resolve(&key, &dest) {
                 Ok(Some(r)) => {
                     let mut m = metadata_summary(&r.metadata);
@@ -624,7 +642,11 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                     Ok(Outcome::Negative)
                 }
                 Err(e) if e.kind() == tcg_core::Kind::Quarantined => {
-                    eprintln!("quarantined: {e} ({})", e.code());
+                    eprintln!(
+                        "quarantined: {} ({})",
+                        tcg_core::text::message(&e.to_string()),
+                        e.code()
+                    );
                     Ok(Outcome::Negative)
                 }
                 Err(e) => Err(anyhow::Error::new(e).context(format!("cannot resolve {key}"))),
@@ -654,11 +676,15 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
             store,
             trust,
             json,
-        } => crate::adopt::run(
-            &store.engine()?.with_trust(trust.settings().load()?),
-            &from_hashrepo,
-            json,
-        ),
+        } => {
+            // Before the new store is created: it must not land in the old root.
+            tcg_core::engine::check_adopt_layout(&from_hashrepo, &store.root()?)?;
+            crate::adopt::run(
+                &store.engine()?.with_trust(trust.settings().load()?),
+                &from_hashrepo,
+                json,
+            )
+        }
         Command::Export { store, key, path } => {
             let out = store
                 .engine()?
@@ -696,7 +722,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
                 for row in rows.as_array().into_iter().flatten() {
                     let r = row.as_object().expect("rows are objects");
                     let text = |k: &str| match r.get(k) {
-                        Some(Value::Str(s)) => s.clone(),
+                        Some(Value::Str(s)) => untrusted(s),
                         Some(Value::Int(i)) => i.to_string(),
                         Some(Value::Bool(b)) => b.to_string(),
                         _ => "-".into(),

@@ -14,9 +14,10 @@ fn remote_line(key: &str, presence: &Value) -> String {
             .as_object()
             .and_then(|m| m.get(name))
             .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
+            .map(tcg_core::text::untrusted)
+            .unwrap_or_default()
     };
+    let key = tcg_core::text::untrusted(key);
     match get("state").as_str() {
         "present" => format!("{key}: on the remote (manifest {})\n", get("manifest")),
         "absent" => format!("{key}: not on the remote\n"),

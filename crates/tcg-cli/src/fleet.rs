@@ -109,7 +109,7 @@ fn rows_text(rows: &Value, fields: &[&str]) -> anyhow::Result<()> {
         let cols: Vec<String> = fields
             .iter()
             .map(|k| match r.get(*k) {
-                Some(Value::Str(s)) => s.clone(),
+                Some(Value::Str(s)) => tcg_core::text::untrusted(s),
                 Some(Value::Int(i)) => i.to_string(),
                 Some(Value::Bool(b)) => b.to_string(),
                 _ => "-".into(),
@@ -194,7 +194,12 @@ pub(crate) fn pull(
         if let (Some(Value::Str(k)), Some(Value::Str(code)), Some(Value::Str(why))) =
             (r.get("key"), r.get("refused"), r.get("error"))
         {
-            eprintln!("torch-compiled-graphs: {k}: refused ({code}): {why}");
+            eprintln!(
+                "torch-compiled-graphs: {}: refused ({}): {}",
+                tcg_core::text::untrusted(k),
+                tcg_core::text::untrusted(code),
+                tcg_core::text::message(why)
+            );
         }
     }
     let missed = rows.as_array().into_iter().flatten().any(|r| {

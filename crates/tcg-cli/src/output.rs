@@ -34,7 +34,14 @@ pub fn print_line(text: &str) -> anyhow::Result<()> {
 pub fn report_error(err: &anyhow::Error) -> i32 {
     let core = err.chain().find_map(|e| e.downcast_ref::<Error>());
     let mut stderr = io::stderr().lock();
-    let _ = writeln!(stderr, "error: {err:#}");
+    // Messages embed untrusted strings (names from artifacts, old stores,
+    // remotes): one escaped line, so nothing can forge another `error:` line
+    // or drive the terminal.
+    let _ = writeln!(
+        stderr,
+        "error: {}",
+        tcg_core::text::message(&format!("{err:#}"))
+    );
     if let Some(core) = core {
         let _ = writeln!(stderr, "code: {}", core.code());
         if let Some(hint) = hint(core) {
@@ -89,6 +96,9 @@ fn hint(err: &Error) -> Option<&'static str> {
             "the store must be writable by its owner only: chown it to yourself and run chmod -R go-w on it",
         ),
         StoreDestinationInStore => Some("choose a destination outside the store root"),
+        StoreAdoptOverlap => Some(
+            "choose a --cas-root outside the old root (and not above it), e.g. a sibling directory",
+        ),
         StoreGcAborted => Some("run fsck --quarantine to move unreadable ref records aside"),
         _ => None,
     }

@@ -180,6 +180,8 @@ codes! {
     StoreNotFound => Storage, "store.not_found";
     /// A destination lies inside the store root.
     StoreDestinationInStore => Storage, "store.destination_in_store";
+    /// `adopt`'s new store root and old (0.2.0) root overlap: one lies inside the other.
+    StoreAdoptOverlap => Storage, "store.adopt_overlap";
 
     /// The remote URL or a remote setting is not usable.
     RemoteConfigInvalid => Storage, "remote.config_invalid";

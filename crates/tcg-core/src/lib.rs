@@ -10,5 +10,6 @@ pub mod engine;
 pub mod error;
 pub mod host_isa;
 pub mod identity;
+pub mod text;
 
 pub use error::{Code, Error, Kind, Result};

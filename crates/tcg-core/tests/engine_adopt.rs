@@ -425,3 +425,47 @@ fn under_a_trust_policy_each_unsigned_graph_is_refused_and_nothing_is_published(
     let vouched = Engine::open(d.path().join("new")).unwrap();
     assert_adopted(&vouched, &adopt(&vouched, &old), KEY, d.path());
 }
+
+/// Issue 25: a new store root inside the old root (which adoption never
+/// writes), an old root inside the new store root, or the same directory:
+/// refused as a whole with `store.adopt_overlap` before anything is written,
+/// also through a symlink.
+#[test]
+fn overlapping_roots_are_refused_before_anything_is_written() {
+    let d = tempfile::tempdir().unwrap();
+    let old = old_root(d.path());
+    let before = snapshot(&old);
+    for new in [old.join("cas"), old.join("sub/deeper/cas")] {
+        let err = tcg_core::engine::check_adopt_layout(&old, &new).unwrap_err();
+        assert_eq!(err.code(), Code::StoreAdoptOverlap, "{err}");
+        assert!(err.message().contains("inside the old root"), "{err}");
+    }
+    // Through a symlink to the old root.
+    let link = d.path().join("link");
+    std::os::unix::fs::symlink(&old, &link).unwrap();
+    let err = tcg_core::engine::check_adopt_layout(&old, &link.join("cas")).unwrap_err();
+    assert_eq!(err.code(), Code::StoreAdoptOverlap);
+    // The engine refuses too (an engine opened elsewhere, pointed at an old
+    // root inside its own root).
+    let new = d.path().join("new");
+    let engine = Engine::open(&new).unwrap();
+    let inner = new.join("old-inside");
+    std::fs::rename(&old, &inner).unwrap();
+    let inner_before = snapshot(&inner);
+    let err = engine
+        .adopt_hashrepo(&inner, &mut |_, _, _| {})
+        .unwrap_err();
+    assert_eq!(err.code(), Code::StoreAdoptOverlap, "{err}");
+    assert!(err.message().contains("inside the new store root"), "{err}");
+    assert_eq!(snapshot(&inner), inner_before);
+    assert!(engine
+        .store()
+        .list_refs(GRAPH_REF_PREFIX)
+        .unwrap()
+        .entries
+        .is_empty());
+    std::fs::rename(&inner, &old).unwrap();
+    assert_eq!(snapshot(&old), before);
+    // Siblings are fine.
+    tcg_core::engine::check_adopt_layout(&old, &d.path().join("sibling")).unwrap();
+}

@@ -398,3 +398,136 @@ fn a_signing_failure_after_publication_still_returns_the_stored_mint() {
         tcg_cj::Value::Int(1)
     );
 }
+
+/// Issue 25: a store remembers which records were admitted under which
+/// policy. A record an untrusting engine imported is no local hit for a
+/// trusting engine over the same store; a trusting `ensure` replaces it with
+/// its own mint (trusted by the minting store); a record admitted under one
+/// policy is re-checked under another (a revoked key admits nothing more).
+#[test]
+fn a_trusting_engine_never_serves_what_an_untrusting_one_brought_in() {
+    use tcg_core::engine::ADMISSION_REF_PREFIX;
+    let d = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(d.path(), "ci", "ci@a.example");
+    let allowed = write(
+        &d.path().join("allowed_signers"),
+        &format!("ci@a.example {public}\n"),
+    );
+    let revoked = write(&d.path().join("revoked"), &format!("{public}\n"));
+
+    // Unsigned, imported without a policy: the trusting engine misses.
+    let store = d.path().join("store");
+    let plain = Engine::open(&store).unwrap();
+    assert_eq!(
+        plain.import_artifact(KEY, &reference()).unwrap().outcome,
+        StoreOutcome::Stored
+    );
+    let t = trusting_engine(&store, &allowed, None);
+    let dest = d.path().join("g1");
+    assert!(t.resolve(KEY, &dest).unwrap().is_none());
+    assert!(!dest.exists());
+    assert!(plain.resolve(KEY, &d.path().join("g2")).unwrap().is_some());
+    // Its ensure mints (the incumbent gives way) and serves its own mint.
+    let calls = Cell::new(0);
+    let mut mint = counting_mint(&calls, d.path());
+    let r = t
+        .ensure(KEY, &d.path().join("g3"), &request(), &mut mint)
+        .unwrap();
+    assert_eq!(calls.get(), 1);
+    assert_eq!(r.resolved.source, tcg_core::engine::Source::Compiled);
+    let names: Vec<String> = t
+        .store()
+        .list_refs(ADMISSION_REF_PREFIX)
+        .unwrap()
+        .entries
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert!(
+        names[0].ends_with(&format!("{}/minted", r.resolved.manifest)),
+        "{names:?}"
+    );
+    assert!(t.resolve(KEY, &d.path().join("g4")).unwrap().is_some());
+
+    // Signed, imported without a policy: admitted on first use from the
+    // local signature records, recorded under that policy's digest.
+    let out = d.path().join("signed.tar.gz");
+    minted_and_exported(&d.path().join("p"), &key, &out);
+    let store2 = d.path().join("store2");
+    Engine::open(&store2)
+        .unwrap()
+        .import_artifact(KEY, &out)
+        .unwrap();
+    let t1 = trusting_engine(&store2, &allowed, None);
+    assert!(t1.resolve(KEY, &d.path().join("g5")).unwrap().is_some());
+    let names = t1.store().list_refs(ADMISSION_REF_PREFIX).unwrap().entries;
+    assert_eq!(names.len(), 1);
+    assert!(names[0].name.contains("/policy-"), "{}", names[0].name);
+    // Another policy (the key revoked) does not inherit that admission.
+    let t2 = trusting_engine(&store2, &allowed, Some(&revoked));
+    assert!(t2.resolve(KEY, &d.path().join("g6")).unwrap().is_none());
+    assert!(t1.resolve(KEY, &d.path().join("g7")).unwrap().is_some());
+    // A forged admission record (a ref re-pointed at another object) admits nothing.
+    let store3 = d.path().join("store3");
+    let plain3 = Engine::open(&store3).unwrap();
+    plain3.import_artifact(KEY, &reference()).unwrap();
+    let m = plain3
+        .store()
+        .get_ref(&graph_ref(KEY))
+        .unwrap()
+        .unwrap()
+        .digest;
+    let lease = plain3.store().lease().unwrap();
+    let junk = plain3.store().put_bytes(&lease, b"{}").unwrap();
+    let name = tcg_core::engine::admission_ref(KEY, &m, &tcg_core::engine::Basis::Minted);
+    plain3
+        .store()
+        .compare_and_swap(&name, None, Some(&tcg_cas::Target::object(junk)))
+        .unwrap();
+    lease.end().unwrap();
+    let t3 = trusting_engine(&store3, &allowed, None);
+    assert!(t3.resolve(KEY, &d.path().join("g8")).unwrap().is_none());
+}
+
+/// Issue 25: `verify --trust` decides on the bytes it verified. The digest
+/// comes from the one handle the verifier read: replacing the file at the
+/// path after it was opened changes nothing, and the digest is the one the
+/// original's signature states.
+#[test]
+fn verify_binds_trust_to_the_bytes_read_through_one_handle() {
+    use sha2::{Digest as _, Sha256};
+    let d = tempfile::tempdir().unwrap();
+    let (key, public) = keygen(d.path(), "ci", "ci@a.example");
+    let signed = d.path().join("signed.tar.gz");
+    minted_and_exported(&d.path().join("p"), &key, &signed);
+    let original = std::fs::read(&signed).unwrap();
+    let path = d.path().join("graph.tar.gz");
+    std::fs::write(&path, &original).unwrap();
+    let handle = std::fs::File::open(&path).unwrap();
+    // Swapped after open: another valid envelope of the same key.
+    let other = d.path().join("other.tar.gz");
+    std::fs::copy(reference(), &other).unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    let report = tcg_core::artifact::verify_file(handle, false).unwrap();
+    let want = hex::encode(Sha256::digest(&original));
+    assert_eq!(report.envelope_sha256.to_hex(), want);
+    assert_ne!(
+        tcg_core::engine::envelope_subject(&path)
+            .unwrap()
+            .envelope_sha256,
+        want,
+        "the path now names other bytes"
+    );
+    // The signature of the original admits the subject of what was verified.
+    let entries = tcg_trust::parse_document(&std::fs::read(sig_path(&signed)).unwrap()).unwrap();
+    let allowed = write(
+        &d.path().join("allowed_signers"),
+        &format!("ci@a.example {public}\n"),
+    );
+    let policy = tcg_trust::TrustPolicy::load(&allowed, None).unwrap();
+    let subject = tcg_core::engine::subject_of(&report.envelope.metadata, &report.envelope_sha256);
+    policy
+        .admit(&entries, &subject, tcg_trust::unix_now())
+        .unwrap();
+}

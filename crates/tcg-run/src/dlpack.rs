@@ -300,9 +300,15 @@ impl Imported {
                 "a DLPack tensor is not aligned to its {size}-byte elements"
             )));
         }
+        // Checked like every size computed from a producer's shape: an
+        // overflow is a refusal, never a panic or a wrapped length.
+        let nbytes = numel
+            .checked_mul(size)
+            .filter(|&n| isize::try_from(n).is_ok())
+            .ok_or_else(|| layout(format!("a DLPack tensor of shape {shape:?} is too large")))?;
         guard.input = Input {
             data,
-            nbytes: numel * size,
+            nbytes,
             dtype: dtype.to_owned(),
             shape,
             device,
@@ -525,9 +531,30 @@ mod tests {
             unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 2, 0)) }.unwrap();
         assert_eq!(gpu.input().device, Device::Cuda(0));
         drop(gpu);
+        // Shapes whose element count or byte size overflow are refused
+        // (issue 25: the byte size once overflowed into a panic).
+        for mut shape in [
+            vec![1 << 62, 2],
+            vec![i64::MAX, i64::MAX],
+            vec![1 << 61, 1],
+            vec![3, 1 << 40, 1 << 30],
+        ] {
+            // SAFETY: as above (refused before the data is touched).
+            let err = unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 1, 0)) }
+                .unwrap_err();
+            assert_eq!(err.code(), Code::RunInputLayout, "{shape:?}");
+            assert!(err.message().contains("too large"), "{err}");
+        }
+        // A zero dimension makes any other size harmless: nothing to read.
+        let mut shape = [0, i64::MAX];
+        // SAFETY: as above.
+        let empty =
+            unsafe { Imported::from_legacy(managed(&mut data, &mut shape, None, 1, 0)) }.unwrap();
+        assert_eq!(empty.input().nbytes, 0);
+        drop(empty);
         assert_eq!(
             DELETED.load(std::sync::atomic::Ordering::SeqCst) - before,
-            6
+            11
         );
     }
 }

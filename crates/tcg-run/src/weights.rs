@@ -85,6 +85,18 @@ impl Mapped {
                 None => st_code.to_lowercase(),
             };
             let data = view.data();
+            // A dimension must be an int64 for libtorch (with a zero
+            // dimension elsewhere, the byte size below cannot tell).
+            if view.shape().iter().any(|&d| i64::try_from(d).is_err()) {
+                return Err(Error::new(
+                    code,
+                    format!(
+                        "{}: tensor {name:?} has shape {:?}, beyond int64",
+                        self.path.display(),
+                        view.shape()
+                    ),
+                ));
+            }
             let numel = view
                 .shape()
                 .iter()
@@ -336,5 +348,48 @@ impl Checkpoint {
     /// How many tensors were skipped for lying outside `strip_prefix`.
     pub fn skipped(&self) -> usize {
         self.skipped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file of one tensor with this JSON shape and no bytes.
+    fn file(dir: &Path, shape: &str) -> PathBuf {
+        let header = format!(r#"{{"t":{{"dtype":"F32","shape":{shape},"data_offsets":[0,0]}}}}"#);
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        let p = dir.join("w.safetensors");
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn shapes_beyond_int64_or_overflowing_are_refused_with_the_code() {
+        let d = tempfile::tempdir().unwrap();
+        // A zero dimension hides a dimension libtorch cannot take.
+        let p = file(d.path(), "[0,18446744073709551615]");
+        let err = Mapped::open(&p, Code::RunWeightsInvalid)
+            .unwrap()
+            .tensors(Code::RunWeightsInvalid)
+            .unwrap_err();
+        assert_eq!(err.code(), Code::RunWeightsInvalid);
+        assert!(err.message().contains("beyond int64"), "{err}");
+        // An element count that overflows: refused (by the parser's checked
+        // arithmetic or ours), never a panic.
+        let p = file(d.path(), "[4294967296,4294967296,2]");
+        let err = Mapped::open(&p, Code::RunWeightsInvalid)
+            .unwrap()
+            .tensors(Code::RunWeightsInvalid)
+            .unwrap_err();
+        assert_eq!(err.code(), Code::RunWeightsInvalid);
+        // A sane empty tensor is fine.
+        let p = file(d.path(), "[0,4]");
+        let t = Mapped::open(&p, Code::RunWeightsInvalid)
+            .unwrap()
+            .tensors(Code::RunWeightsInvalid)
+            .unwrap();
+        assert_eq!(t["t"].shape, vec![0, 4]);
     }
 }

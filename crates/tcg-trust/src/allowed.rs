@@ -35,6 +35,8 @@ pub struct AllowedSigners {
     pub path: PathBuf,
     /// The ed25519 lines.
     pub signers: Vec<AllowedSigner>,
+    /// Hex SHA-256 of the file's exact text (part of the policy's digest).
+    pub digest: String,
 }
 
 fn invalid(path: &Path, line: usize, message: impl Into<String>) -> TrustError {
@@ -45,53 +47,177 @@ fn invalid(path: &Path, line: usize, message: impl Into<String>) -> TrustError {
     }
 }
 
-/// Split off one token: a `"quoted string"` (quotes removed) or a run of
-/// non-blank characters.
-fn token(s: &str) -> Option<(String, &str)> {
-    let s = s.trim_start_matches([' ', '\t']);
-    if s.is_empty() {
-        return None;
+/// OpenSSH's `WHITESPACE` (misc.h): what separates the principals field.
+const WHITESPACE: [char; 4] = [' ', '\t', '\r', '\n'];
+
+/// The longest subpattern OpenSSH's `match_pattern_list` matches: a longer
+/// one makes the whole list match nothing (its buffer is 1024 bytes).
+pub const MAX_SUBPATTERN_BYTES: usize = 1022;
+
+/// OpenSSH `strdelimw`: split off the principals field. A `"` anywhere in it
+/// starts a quoted part (the quotes are dropped, whitespace inside is kept)
+/// that ends the field at its closing quote. `None` when a quote is not
+/// closed; the rest is `None` when nothing follows the field at all.
+fn strdelimw(s: &str) -> Option<(String, Option<&str>)> {
+    fn skip(r: &str) -> &str {
+        r.trim_start_matches(WHITESPACE)
     }
-    if let Some(rest) = s.strip_prefix('"') {
-        let end = rest.find('"')?;
-        return Some((rest[..end].to_string(), &rest[end + 1..]));
+    let Some(i) = s.find(|c: char| WHITESPACE.contains(&c) || c == '"') else {
+        return Some((s.to_string(), None));
+    };
+    if s[i..].starts_with('"') {
+        let inner = &s[i + 1..];
+        let j = inner.find('"')?;
+        let token = format!("{}{}", &s[..i], &inner[..j]);
+        return Some((token, Some(skip(&inner[j + 1..]))));
     }
-    let end = s.find([' ', '\t']).unwrap_or(s.len());
-    Some((s[..end].to_string(), &s[end..]))
+    Some((s[..i].to_string(), Some(skip(&s[i + 1..]))))
 }
 
-/// Split an option list at commas outside double quotes, up to the first blank
-/// outside quotes. Returns the options and the rest of the line.
-fn options(s: &str) -> Option<(Vec<String>, &str)> {
-    let s = s.trim_start_matches([' ', '\t']);
-    let mut out = Vec::new();
-    let mut cur = String::new();
+/// OpenSSH `sshkey_advance_past_options`: the options field runs to the
+/// first blank outside double quotes (`\"` is an escaped quote). `None` for
+/// an unterminated quote.
+fn options_field(s: &str) -> Option<(&str, &str)> {
+    let bytes = s.as_bytes();
     let mut quoted = false;
-    for (i, c) in s.char_indices() {
-        match c {
-            '"' => {
-                quoted = !quoted;
-                cur.push(c);
-            }
-            ',' if !quoted => out.push(std::mem::take(&mut cur)),
-            ' ' | '\t' if !quoted => {
-                out.push(cur);
-                return Some((out, &s[i..]));
-            }
-            _ => cur.push(c),
+    let mut i = 0;
+    while i < bytes.len() && (quoted || (bytes[i] != b' ' && bytes[i] != b'\t')) {
+        if bytes[i] == b'\\' && bytes.get(i + 1) == Some(&b'"') {
+            i += 1;
+        } else if bytes[i] == b'"' {
+            quoted = !quoted;
         }
+        i += 1;
     }
     if quoted {
         return None;
     }
-    out.push(cur);
-    Some((out, ""))
+    Some((&s[..i], &s[i..]))
 }
 
-fn unquote(v: &str) -> &str {
-    v.strip_prefix('"')
-        .and_then(|v| v.strip_suffix('"'))
-        .unwrap_or(v)
+/// OpenSSH `opt_dequote`: a value must be a `"quoted string"` (`\"` inside
+/// is a quote). Returns the value and what follows the closing quote.
+fn dequote(s: &str) -> std::result::Result<(String, &str), &'static str> {
+    let Some(mut rest) = s.strip_prefix('"') else {
+        return Err("missing start quote (option values must be quoted)");
+    };
+    let mut out = String::new();
+    loop {
+        let Some(c) = rest.chars().next() else {
+            return Err("missing end quote");
+        };
+        if c == '"' {
+            return Ok((out, &rest[1..]));
+        }
+        if c == '\\' && rest[1..].starts_with('"') {
+            out.push('"');
+            rest = &rest[2..];
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+}
+
+/// Strip `prefix` from `s` ignoring ASCII case (OpenSSH's `strncasecmp`).
+fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    let head = s.get(..prefix.len())?;
+    head.eq_ignore_ascii_case(prefix)
+        .then(|| &s[prefix.len()..])
+}
+
+/// The options of one line, as OpenSSH's `sshsigopt_parse` reads them.
+#[derive(Default)]
+struct LineOptions {
+    cert_authority: bool,
+    namespaces: Option<String>,
+    valid_after: Option<i64>,
+    valid_before: Option<i64>,
+}
+
+/// OpenSSH `sshsigopt_parse`, with this project's stricter time rule.
+fn parse_options(mut opts: &str) -> std::result::Result<LineOptions, String> {
+    let mut out = LineOptions::default();
+    while !opts.is_empty() {
+        if let Some(rest) = strip_prefix_ci(opts, "cert-authority") {
+            out.cert_authority = true;
+            opts = rest;
+        } else if let Some(rest) = strip_prefix_ci(opts, "namespaces=") {
+            if out.namespaces.is_some() {
+                return Err("multiple \"namespaces\" clauses".into());
+            }
+            let (v, rest) = dequote(rest).map_err(|e| format!("namespaces: {e}"))?;
+            out.namespaces = Some(v);
+            opts = rest;
+        } else if let Some((name, rest)) = strip_prefix_ci(opts, "valid-after=")
+            .map(|r| ("valid-after", r))
+            .or_else(|| strip_prefix_ci(opts, "valid-before=").map(|r| ("valid-before", r)))
+        {
+            let slot = if name == "valid-after" {
+                &mut out.valid_after
+            } else {
+                &mut out.valid_before
+            };
+            if slot.is_some() {
+                return Err(format!("multiple \"{name}\" clauses"));
+            }
+            let (v, rest) = dequote(rest).map_err(|e| format!("{name}: {e}"))?;
+            let t = parse_time(&v)?;
+            if t <= 0 {
+                // OpenSSH refuses a time that is the epoch (or before).
+                return Err(format!("invalid \"{name}\" time {v:?}"));
+            }
+            *slot = Some(t);
+            opts = rest;
+        }
+        if opts.is_empty() {
+            break;
+        }
+        let Some(rest) = opts.strip_prefix(',') else {
+            let shown: String = opts.chars().take(40).collect();
+            return Err(format!("unknown option at {shown:?}"));
+        };
+        if rest.is_empty() {
+            return Err("unexpected end of options (a trailing comma)".into());
+        }
+        opts = rest;
+    }
+    Ok(out)
+}
+
+/// Key type names OpenSSH reads as a key (`sshkey_type_from_name`): a field
+/// that is one of them starts the key; anything else is the options field.
+const KEY_TYPES: [&str; 16] = [
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ssh-dss",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+    "ssh-ed25519-cert-v01@openssh.com",
+    "ssh-rsa-cert-v01@openssh.com",
+    "ssh-dss-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp256-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp384-cert-v01@openssh.com",
+    "ecdsa-sha2-nistp521-cert-v01@openssh.com",
+    "sk-ssh-ed25519-cert-v01@openssh.com",
+    "sk-ecdsa-sha2-nistp256-cert-v01@openssh.com",
+];
+
+/// Refuse a pattern list with a subpattern OpenSSH cannot match.
+fn check_patterns(what: &str, list: &str) -> std::result::Result<(), String> {
+    for p in list.split(',') {
+        let p = p.strip_prefix('!').unwrap_or(p);
+        if p.len() > MAX_SUBPATTERN_BYTES {
+            return Err(format!(
+                "a {what} pattern of {} bytes (OpenSSH matches at most {MAX_SUBPATTERN_BYTES})",
+                p.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `YYYYMMDD[HHMM[SS]]Z` as Unix seconds. The `Z` (UTC) is required: OpenSSH
@@ -127,20 +253,49 @@ pub fn parse_time(v: &str) -> std::result::Result<i64, String> {
     Ok(days * 86_400 + h * 3600 + mi * 60 + s)
 }
 
-/// OpenSSH `match_pattern`: `*` and `?` wildcards.
+/// OpenSSH `match_pattern`: `*` and `?` wildcards, bytewise. Iterative
+/// (backtracking only to the last `*`), so the work is at most
+/// pattern × string even for patterns like `*a*a*a*b`; the result is the
+/// same as OpenSSH's recursive matcher.
 fn glob(pattern: &[u8], s: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => s.is_empty(),
-        Some((b'*', rest)) => (0..=s.len()).any(|i| glob(rest, &s[i..])),
-        Some((b'?', rest)) => !s.is_empty() && glob(rest, &s[1..]),
-        Some((c, rest)) => s.first() == Some(c) && glob(rest, &s[1..]),
+    let (mut p, mut i) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while i < s.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, i));
+                p += 1;
+            }
+            Some(b'?') => {
+                p += 1;
+                i += 1;
+            }
+            Some(&c) if c == s[i] => {
+                p += 1;
+                i += 1;
+            }
+            _ => match star {
+                Some((sp, si)) => {
+                    p = sp + 1;
+                    i = si + 1;
+                    star = Some((sp, si + 1));
+                }
+                None => return false,
+            },
+        }
     }
+    pattern[p..].iter().all(|&c| c == b'*')
 }
 
-/// OpenSSH `match_pattern_list`: a negated pattern that matches vetoes.
+/// OpenSSH `match_pattern_list`: a negated pattern that matches vetoes; a
+/// subpattern longer than [`MAX_SUBPATTERN_BYTES`] makes the list match
+/// nothing (as OpenSSH's fixed buffer does).
 pub fn match_pattern_list(s: &str, list: &str) -> bool {
     let mut matched = false;
     for p in list.split(',') {
+        if p.strip_prefix('!').unwrap_or(p).len() > MAX_SUBPATTERN_BYTES {
+            return false;
+        }
         match p.strip_prefix('!') {
             Some(neg) if glob(neg.as_bytes(), s.as_bytes()) => return false,
             Some(_) => {}
@@ -149,13 +304,6 @@ pub fn match_pattern_list(s: &str, list: &str) -> bool {
         }
     }
     matched
-}
-
-fn is_key_type(t: &str) -> bool {
-    t.starts_with("ssh-")
-        || t.starts_with("ecdsa-")
-        || t.starts_with("sk-")
-        || t.starts_with("rsa-")
 }
 
 impl AllowedSigners {
@@ -179,53 +327,56 @@ impl AllowedSigners {
         AllowedSigners::parse(path, text)
     }
 
-    /// Parse the text of a file named `path` (for messages).
+    /// Parse the text of a file named `path` (for messages). A line is
+    /// read as OpenSSH's `ssh-keygen -Y verify` reads it (sshsig.c); a line
+    /// OpenSSH would reject (and skip) refuses the whole file here, so a
+    /// policy never silently means less than it says.
     pub fn parse(path: &Path, text: &str) -> Result<AllowedSigners> {
         let mut signers = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             let line_no = i + 1;
+            let bad = |m: &str| invalid(path, line_no, m);
+            if raw.contains(['\0', '\r']) {
+                return Err(bad("a NUL or carriage return inside the line"));
+            }
             let line = raw.trim_start_matches([' ', '\t']);
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let bad = |m: &str| invalid(path, line_no, m);
-            let (principals, rest) = token(line).ok_or_else(|| bad("unterminated quote"))?;
+            let (principals, rest) = strdelimw(line).ok_or_else(|| bad("unterminated quote"))?;
+            let rest = rest.ok_or_else(|| bad("no key"))?;
             if principals.is_empty() {
                 return Err(bad("empty principals"));
             }
-            let (first, _) = token(rest).ok_or_else(|| bad("no key"))?;
-            let (opts, rest) = if is_key_type(&first) {
-                (Vec::new(), rest)
+            check_patterns("principal", &principals).map_err(|m| bad(&m))?;
+            let first = rest.split([' ', '\t']).next().unwrap_or("");
+            let (opts, rest) = if KEY_TYPES.contains(&first) {
+                (LineOptions::default(), rest)
             } else {
-                options(rest).ok_or_else(|| bad("unterminated quote in options"))?
-            };
-            let mut namespaces = None;
-            let mut valid_after = None;
-            let mut valid_before = None;
-            for opt in &opts {
-                let (name, value) = match opt.split_once('=') {
-                    Some((n, v)) => (n.to_ascii_lowercase(), Some(unquote(v))),
-                    None => (opt.to_ascii_lowercase(), None),
-                };
-                match (name.as_str(), value) {
-                    ("cert-authority", None) => {
-                        return Err(TrustError::CertAuthorityUnsupported {
-                            path: path.to_path_buf(),
-                            line: line_no,
-                        })
-                    }
-                    ("namespaces", Some(v)) => namespaces = Some(v.to_string()),
-                    ("valid-after", Some(v)) => {
-                        valid_after = Some(parse_time(v).map_err(|m| bad(&m))?)
-                    }
-                    ("valid-before", Some(v)) => {
-                        valid_before = Some(parse_time(v).map_err(|m| bad(&m))?)
-                    }
-                    _ => return Err(bad(&format!("unknown option {opt:?}"))),
+                let (field, rest) = options_field(rest)
+                    .ok_or_else(|| bad("invalid options (unterminated quote)"))?;
+                let rest = rest.trim_start_matches([' ', '\t']);
+                if rest.is_empty() {
+                    return Err(bad("missing key"));
                 }
+                let opts = parse_options(field).map_err(|m| bad(&format!("bad options: {m}")))?;
+                (opts, rest)
+            };
+            if opts.cert_authority {
+                return Err(TrustError::CertAuthorityUnsupported {
+                    path: path.to_path_buf(),
+                    line: line_no,
+                });
             }
-            let (kind, rest) = token(rest).ok_or_else(|| bad("no key type"))?;
-            let (blob, _comment) = token(rest).ok_or_else(|| bad("no key data"))?;
+            if let Some(ns) = &opts.namespaces {
+                check_patterns("namespaces", ns).map_err(|m| bad(&m))?;
+            }
+            let mut fields = rest.split([' ', '\t']).filter(|f| !f.is_empty());
+            let kind = fields.next().ok_or_else(|| bad("no key type"))?;
+            let blob = fields.next().ok_or_else(|| bad("no key data"))?;
+            if !KEY_TYPES.contains(&kind) {
+                return Err(bad(&format!("invalid key: unknown key type {kind:?}")));
+            }
             if kind != "ssh-ed25519" {
                 // Another key type cannot sign artifacts here; keep git's lines usable.
                 continue;
@@ -234,9 +385,9 @@ impl AllowedSigners {
                 .map_err(|e| bad(&format!("bad ssh-ed25519 key: {e}")))?;
             signers.push(AllowedSigner {
                 principals,
-                namespaces,
-                valid_after,
-                valid_before,
+                namespaces: opts.namespaces,
+                valid_after: opts.valid_after,
+                valid_before: opts.valid_before,
                 key: key.key_data().clone(),
                 line: line_no,
             });
@@ -244,6 +395,7 @@ impl AllowedSigners {
         Ok(AllowedSigners {
             path: path.to_path_buf(),
             signers,
+            digest: sha256_hex(text.as_bytes()),
         })
     }
 }
@@ -252,6 +404,13 @@ impl AllowedSigners {
 #[derive(Debug, Clone, Default)]
 pub struct RevokedKeys {
     keys: Vec<KeyData>,
+    /// Hex SHA-256 of the file's exact bytes; `None` without a file.
+    digest: Option<String>,
+}
+
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest as _, Sha256};
+    hex::encode(Sha256::digest(bytes))
 }
 
 impl RevokedKeys {
@@ -271,7 +430,15 @@ impl RevokedKeys {
                 .map_err(|e| invalid(path, i + 1, format!("not an OpenSSH public key: {e}")))?;
             keys.push(key.key_data().clone());
         }
-        Ok(RevokedKeys { keys })
+        Ok(RevokedKeys {
+            keys,
+            digest: Some(sha256_hex(&bytes)),
+        })
+    }
+
+    /// Hex SHA-256 of the file's bytes (`None` when no file was given).
+    pub fn digest(&self) -> Option<&str> {
+        self.digest.as_deref()
     }
 
     /// Whether `key` is revoked.
@@ -298,6 +465,38 @@ mod tests {
     }
 
     #[test]
+    fn globs_match_like_the_recursive_definition() {
+        fn reference(p: &[u8], s: &[u8]) -> bool {
+            match p.split_first() {
+                None => s.is_empty(),
+                Some((b'*', rest)) => (0..=s.len()).any(|i| reference(rest, &s[i..])),
+                Some((b'?', rest)) => !s.is_empty() && reference(rest, &s[1..]),
+                Some((c, rest)) => s.first() == Some(c) && reference(rest, &s[1..]),
+            }
+        }
+        let alphabet = [b'a', b'b', b'*', b'?'];
+        let mut patterns = vec![Vec::new()];
+        for _ in 0..4 {
+            let next: Vec<Vec<u8>> = patterns
+                .iter()
+                .flat_map(|p| alphabet.iter().map(move |&c| [p.clone(), vec![c]].concat()))
+                .collect();
+            patterns.extend(next);
+        }
+        patterns.sort();
+        patterns.dedup();
+        let strings: Vec<&[u8]> = vec![b"", b"a", b"b", b"ab", b"ba", b"aab", b"abab", b"bbb"];
+        for p in &patterns {
+            for s in &strings {
+                assert_eq!(glob(p, s), reference(p, s), "{:?} {:?}", p, s);
+            }
+        }
+        // Linear enough: a pathological pattern against 16 KiB answers at once.
+        let long = vec![b'a'; 16 * 1024];
+        assert!(!glob(b"*a*a*a*a*a*a*a*a*a*a*b", &long));
+    }
+
+    #[test]
     fn patterns_follow_openssh() {
         assert!(match_pattern_list("ci@a.example", "*@a.example"));
         assert!(!match_pattern_list("ci@b.example", "*@a.example"));
@@ -308,7 +507,7 @@ mod tests {
     #[test]
     fn parses_options_quotes_and_skips_other_key_types() {
         let text = format!(
-            "# fleet\n\n\"ci@a.example,ops@a.example\" namespaces=\"torch-compiled-graphs,git\",valid-after=\"20260101Z\",valid-before=20270101Z ssh-ed25519 {KEY} comment here\n\
+            "# fleet\n\n\"ci@a.example,ops@a.example\" namespaces=\"torch-compiled-graphs,git\",valid-after=\"20260101Z\",valid-before=\"20270101Z\" ssh-ed25519 {KEY} comment here\n\
              git@a.example ssh-rsa AAAAB3NzaC1yc2E= rsa key\n\
              * ssh-ed25519 {KEY}\n"
         );

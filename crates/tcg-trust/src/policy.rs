@@ -61,6 +61,20 @@ impl TrustPolicy {
         &self.allowed
     }
 
+    /// The policy's digest: hex SHA-256 of a framing of the exact bytes of
+    /// its `allowed_signers` file and of its revoked-keys file (if any). Two
+    /// engines with the same files have the same digest; any edit to either
+    /// file (a key revoked, a signer added) changes it. A store keys its
+    /// admission records by this digest.
+    pub fn digest_hex(&self) -> String {
+        let text = format!(
+            "torch-compiled-graphs.policy/1\nallowed_signers {}\nrevoked_keys {}\n",
+            self.allowed.digest,
+            self.revoked.digest().unwrap_or("-")
+        );
+        crate::allowed::sha256_hex(text.as_bytes())
+    }
+
     /// Whether one verified signature is trusted at `now` (Unix seconds):
     /// not revoked; a line with its key whose principals match the
     /// statement's producer, whose `namespaces` admit ours, and whose validity

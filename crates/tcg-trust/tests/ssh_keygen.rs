@@ -346,3 +346,95 @@ fn signatures_documents_are_strict() {
         "trust.signatures_invalid"
     );
 }
+
+/// Issue 25: `allowed_signers` lines mean what `ssh-keygen -Y verify` makes
+/// of them. Each line is tried with a good signature by its key for its
+/// principal, by our parser and policy and by the real `ssh-keygen`: both
+/// accept, or both refuse. The documented exceptions (a time without `Z`,
+/// read in local time by OpenSSH) are refused by us only, never the reverse.
+#[test]
+fn allowed_signers_lines_are_read_exactly_as_ssh_keygen_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = keygen(dir.path(), "a", "a@x");
+    let sa = Signer::from_file(&a.private).unwrap();
+    let t = now();
+    let good = sa.sign(&sa.statement(&subject(), "a@x", t)).unwrap();
+    let k = &a.public;
+    let long = "p".repeat(1100);
+    let accepted: Vec<String> = vec![
+        format!("a@x {k}"),
+        format!("\"a@x\" {k}"),
+        format!("\"b@y,a@x\" {k}"),
+        format!("a\"@x\" {k}"),
+        format!("  a@x\t{k}"),
+        format!("*@x {k} \"a comment\" with words"),
+        format!("a@x namespaces=\"torch-compiled-graphs\" {k}"),
+        format!("a@x NAMESPACES=\"git,torch-*\" {k}"),
+        format!("a@x namespaces=\"torch compiled graphs,torch-compiled-graphs\" {k}"),
+        format!("a@x namespaces=\"a\\\"b,torch-compiled-graphs\" {k}"),
+        format!("a@x valid-after=\"20200101Z\",valid-before=\"29990101Z\" {k}"),
+        format!("a@x Valid-After=\"202001011200Z\" {k}"),
+        format!("a@x namespaces=\"torch-compiled-graphs\",,valid-after=\"20200101Z\" {k}"),
+        format!("b@y {k}\na@x {k}"),
+    ];
+    let refused: Vec<String> = vec![
+        // Repeated options.
+        format!("a@x namespaces=\"torch-compiled-graphs\",namespaces=\"git\" {k}"),
+        format!("a@x valid-after=\"20200101Z\",valid-after=\"20210101Z\" {k}"),
+        format!("a@x valid-before=\"29990101Z\",VALID-BEFORE=\"29980101Z\" {k}"),
+        // Unquoted values, with and without spaces.
+        format!("a@x namespaces=torch-compiled-graphs {k}"),
+        format!("a@x namespaces=torch compiled graphs,torch-compiled-graphs {k}"),
+        format!("a@x valid-before=29990101Z {k}"),
+        // Over-long patterns (OpenSSH matches nothing with them).
+        format!("{long},a@x {k}"),
+        format!("a@x namespaces=\"{long},torch-compiled-graphs\" {k}"),
+        // Malformed options and keys.
+        format!("a@x frobnicate {k}"),
+        format!("a@x namespaces=\"torch-compiled-graphs\", {k}"),
+        format!("a@x namespaces=\"torch-compiled-graphs {k}"),
+        format!("a@x namespaces=\"torch-compiled-graphs\"x {k}"),
+        format!("a@x namespaces=\"torch-compiled-graphs\" valid-after=\"20200101Z\" {k}"),
+        format!("a@x valid-after=\"19700101Z\" {k}"),
+        format!("a@x valid-after=\"2020010Z\" {k}"),
+        format!("a@x ssh-foo {k}"),
+        format!("a@x cert-authority {k}"),
+        format!("\"a@x {k}"),
+        "a@x ssh-ed25519".to_string(),
+        "a@x".to_string(),
+    ];
+    let stricter: Vec<String> = vec![format!("a@x valid-after=\"20200101\" {k}")];
+    let ours = |line: &str| -> bool {
+        let p = dir.path().join("allowed_signers");
+        std::fs::write(&p, format!("{line}\n")).unwrap();
+        match AllowedSigners::load(&p) {
+            Ok(allowed) => TrustPolicy::new(allowed, RevokedKeys::default())
+                .admit(std::slice::from_ref(&good), &subject(), t)
+                .is_ok(),
+            Err(e) => {
+                assert!(
+                    matches!(
+                        e.code(),
+                        "trust.allowed_signers_invalid" | "trust.cert_authority_unsupported"
+                    ),
+                    "{line}: {e}"
+                );
+                false
+            }
+        }
+    };
+    let theirs =
+        |line: &str| openssh_verifies(dir.path(), &format!("{line}\n"), "a@x", &good, None);
+    for line in &accepted {
+        assert!(theirs(line), "ssh-keygen refuses {line:?}");
+        assert!(ours(line), "we refuse {line:?}, which ssh-keygen accepts");
+    }
+    for line in &refused {
+        assert!(!theirs(line), "ssh-keygen accepts {line:?}");
+        assert!(!ours(line), "we accept {line:?}, which ssh-keygen refuses");
+    }
+    for line in &stricter {
+        assert!(theirs(line), "ssh-keygen refuses {line:?}");
+        assert!(!ours(line), "we accept {line:?} (documented as refused)");
+    }
+}

@@ -76,6 +76,9 @@ pub struct VerifyReport {
     pub envelope: EnvelopeReport,
     /// The admitted host facts when host admission was asked for.
     pub admitted: Option<HostIsa>,
+    /// SHA-256 of exactly the bytes that were read and verified (the whole
+    /// file, as one handle read it): what a trust decision binds to.
+    pub envelope_sha256: tcg_cas::Digest,
 }
 
 impl VerifyReport {
@@ -125,7 +128,19 @@ impl VerifyReport {
 /// is removed afterwards; with `admit_host`, also admit it on this host
 /// (§5.6) as soon as the metadata is known.
 pub fn verify(path: &Path, admit_host: bool) -> Result<VerifyReport> {
-    let f = open_envelope(path)?;
+    verify_file(open_envelope(path)?, admit_host)
+}
+
+/// [`verify`] of an open envelope file: the bytes are read once, through
+/// this one handle, and hashed as they are verified, so that the report's
+/// `envelope_sha256` is the digest of what was verified even if the path is
+/// replaced meanwhile. Decide trust on it, never on a second read by path.
+pub fn verify_file(file: File, admit_host: bool) -> Result<VerifyReport> {
+    let size = file
+        .metadata()
+        .map_err(|e| Error::io("cannot stat the envelope", &e))?
+        .len();
+    envelope::check_compressed_size(size)?;
     let host = if admit_host {
         Some(HostFacts::read()?)
     } else {
@@ -140,9 +155,38 @@ pub fn verify(path: &Path, admit_host: bool) -> Result<VerifyReport> {
         }
         Ok(())
     };
-    let envelope = read_envelope(f, stage.path(), &mut admission)?;
+    let mut hashing = HashingReader {
+        inner: file,
+        hash: sha2::Sha256::default(),
+    };
+    let envelope = read_envelope(&mut hashing, stage.path(), &mut admission)?;
     drop(stage);
-    Ok(VerifyReport { envelope, admitted })
+    // Whatever the reader left unread (nothing, for a valid envelope) still
+    // belongs to the file the digest names.
+    std::io::copy(&mut hashing, &mut std::io::sink())
+        .map_err(|e| Error::io("cannot read the envelope", &e))?;
+    use sha2::Digest as _;
+    let envelope_sha256 = tcg_cas::Digest(hashing.hash.finalize().into());
+    Ok(VerifyReport {
+        envelope,
+        admitted,
+        envelope_sha256,
+    })
+}
+
+/// A reader that hashes every byte it hands out.
+struct HashingReader<R> {
+    inner: R,
+    hash: sha2::Sha256,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use sha2::Digest as _;
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 /// Unpack an envelope file to the directory `dest` (§6.7).

@@ -113,6 +113,7 @@ impl Engine {
         if root.has("FORMAT")? {
             return Err(not_hashrepo("it has a FORMAT file"));
         }
+        super::check_adopt_layout(old_root, self.store.root())?;
         let refs = root
             .subdir("refs")
             .map_err(|e| not_hashrepo(&format!("no refs/ directory ({})", e.message())))?;

@@ -103,6 +103,8 @@ fn differences(out: &mut String, diffs: &Value, labels: (&str, &str)) {
 
 /// The text of [`Engine::explain`](super::Engine::explain)'s report.
 pub fn render_explanation(v: &Value) -> String {
+    // Every string of the report is untrusted text (names from artifacts).
+    let v = &crate::text::untrusted_value(v);
     let mut out = String::new();
     let key = text(get(v, "key"));
     let state = match (get(v, "present"), get(v, "quarantined")) {
@@ -153,6 +155,7 @@ pub fn render_explanation(v: &Value) -> String {
 
 /// The text of [`Engine::explain_keys`](super::Engine::explain_keys)' report.
 pub fn render_pair(v: &Value) -> String {
+    let v = &crate::text::untrusted_value(v);
     let mut out = String::new();
     let (a, b) = (text(get(get(v, "a"), "key")), text(get(get(v, "b"), "key")));
     let axes = side_names(get(v, "differing_axes"));
@@ -167,6 +170,7 @@ pub fn render_pair(v: &Value) -> String {
 
 /// The text of [`Engine::explain_class`](super::Engine::explain_class)'s report.
 pub fn render_class(v: &Value) -> String {
+    let v = &crate::text::untrusted_value(v);
     let mut out = String::new();
     let entries = items(get(v, "entries"));
     let _ = writeln!(

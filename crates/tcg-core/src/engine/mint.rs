@@ -260,6 +260,9 @@ impl Engine {
             .map_err(|e| Error::io(format_args!("cannot open {}", envelope.display()), &e))?;
         let (info, report, stage) = self.ingest_verified(&lease, file, key, true)?;
         let m = info.manifest;
+        // A mint by this store is admitted whatever the policy: recorded
+        // before the ref, so a trusting engine never finds it unadmitted.
+        self.record_admission(&lease, key, &m, &super::Basis::Minted)?;
         let result = self.decide(&lease, key, m)?;
         if result.outcome != StoreOutcome::Divergent {
             // A mint by this node: signed when a signing key is configured.

@@ -8,6 +8,7 @@
 //! verifies, stores and resolves what it returns.
 
 mod admin;
+mod admission;
 mod admitted;
 mod adopt;
 mod destination;
@@ -33,6 +34,7 @@ use crate::identity::is_compiled_graph_key;
 use crate::{Code, Error, Result};
 
 pub use admin::Counter;
+pub use admission::{admission_ref, Basis, ADMISSION_REF_PREFIX};
 pub use admitted::{admitted_ref, ADMITTED_REF_PREFIX};
 pub use adopt::{AdoptEntry, AdoptStatus};
 pub use explain::{
@@ -236,34 +238,9 @@ impl Engine {
         let Ok(root) = std::fs::canonicalize(self.store.root()) else {
             return Ok(());
         };
-        // The destination may not exist yet: resolve its nearest existing ancestor.
-        let abs = if dest.is_absolute() {
-            dest.to_path_buf()
-        } else {
-            std::env::current_dir()
-                .map_err(|e| Error::io("cannot read the current directory", &e))?
-                .join(dest)
-        };
-        let mut probe = abs.as_path();
-        let mut rest = Vec::new();
-        let resolved = loop {
-            match std::fs::canonicalize(probe) {
-                Ok(p) => break Some(p),
-                Err(_) => {
-                    let (Some(parent), Some(name)) = (probe.parent(), probe.file_name()) else {
-                        break None;
-                    };
-                    rest.push(name.to_owned());
-                    probe = parent;
-                }
-            }
-        };
-        let Some(mut full) = resolved else {
+        let Some(full) = resolved_path(dest)? else {
             return Ok(());
         };
-        for name in rest.iter().rev() {
-            full.push(name);
-        }
         if full.starts_with(&root) {
             return Err(Error::new(
                 Code::StoreDestinationInStore,
@@ -287,6 +264,70 @@ impl Engine {
     /// The underlying store.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+}
+
+/// `path` made absolute with symlinks resolved, even when it does not exist
+/// yet (its nearest existing ancestor is resolved and the rest appended);
+/// `None` when no ancestor resolves.
+pub(crate) fn resolved_path(path: &Path) -> Result<Option<PathBuf>> {
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| Error::io("cannot read the current directory", &e))?
+            .join(path)
+    };
+    let mut probe = abs.as_path();
+    let mut rest = Vec::new();
+    let resolved = loop {
+        match std::fs::canonicalize(probe) {
+            Ok(p) => break Some(p),
+            Err(_) => {
+                let (Some(parent), Some(name)) = (probe.parent(), probe.file_name()) else {
+                    break None;
+                };
+                rest.push(name.to_owned());
+                probe = parent;
+            }
+        }
+    };
+    Ok(resolved.map(|mut full| {
+        for name in rest.iter().rev() {
+            full.push(name);
+        }
+        full
+    }))
+}
+
+/// Refuse an `adopt` layout where the new store root and the old (0.2.0)
+/// root overlap (`store.adopt_overlap`): a new root inside the old one would
+/// write into the old store, which adoption promises never to touch; an old
+/// root inside the new one would put foreign files inside the store (GC and
+/// fsck own everything there). Call it before the new store is created.
+pub fn check_adopt_layout(old_root: &Path, new_root: &Path) -> Result<()> {
+    let (Some(old), Some(new)) = (resolved_path(old_root)?, resolved_path(new_root)?) else {
+        return Ok(());
+    };
+    let why = if new == old {
+        Some("they are the same directory")
+    } else if new.starts_with(&old) {
+        Some("the new store root lies inside the old root, so adopting would write into the old store")
+    } else if old.starts_with(&new) {
+        Some("the old root lies inside the new store root, where the store owns every file")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(Error::new(
+            Code::StoreAdoptOverlap,
+            format!(
+                "cannot adopt {} into {}: {why}",
+                old_root.display(),
+                new_root.display()
+            ),
+        )),
+        None => Ok(()),
     }
 }
 

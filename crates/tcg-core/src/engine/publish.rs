@@ -82,14 +82,22 @@ fn replaceable(engine: &Engine, lease: &Lease, key: &str, current: &Digest) -> R
         Err(tcg_cas::StoreError::RecordFormatUnsupported { .. }) => return Ok(true),
         Err(e) => return Err(store_err(e)),
     };
-    match read_metadata_member(reader) {
+    let unreadable = match read_metadata_member(reader) {
         Ok(bytes) => {
-            Ok(matches!(format_of(&bytes), Some(f) if f != crate::identity::COMPILED_GRAPH_FORMAT))
+            matches!(format_of(&bytes), Some(f) if f != crate::identity::COMPILED_GRAPH_FORMAT)
         }
         // A healthy-looking incumbent whose bytes fail here is for resolve to
         // quarantine; publication only replaces what is already marked.
-        Err(_) => Ok(false),
+        Err(_) => false,
+    };
+    if unreadable {
+        return Ok(true);
     }
+    // Under a trust policy every candidate reaching publication was minted
+    // here or admitted by the policy, so an incumbent the policy does not
+    // admit (fetched or imported without one) gives way: this engine would
+    // never serve it. Without a policy this is always false.
+    Ok(!engine.admits_stored(lease, key, current)?)
 }
 
 impl Engine {

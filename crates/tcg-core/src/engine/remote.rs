@@ -254,7 +254,9 @@ pub fn set_warn_hook(hook: WarnHook) -> bool {
 /// One warning: a remote problem never fails the caller. On stderr as
 /// `torch-compiled-graphs: warning: remote tier: …` unless a hook is set.
 pub fn warn(what: impl fmt::Display) {
-    let line = format!("remote tier: {what}");
+    // Remote content (names, server answers) is untrusted text: one
+    // escaped, capped line whatever it holds.
+    let line = crate::text::message(&format!("remote tier: {what}"));
     match WARN_HOOK.get() {
         Some(hook) => hook(&line),
         None => eprintln!("torch-compiled-graphs: warning: {line}"),

@@ -331,11 +331,18 @@ impl Engine {
             super::Members::Stage
         };
         check_key(key)?;
-        let present = self
-            .store
-            .get_ref(&graph_ref(key))
-            .map_err(store_err)?
-            .is_some();
+        // Under a trust policy a local record counts only when the policy
+        // admits it (docs/trust.md, "Admission records"); otherwise the
+        // trusted fetch below may replace it.
+        let present = match self.store.get_ref(&graph_ref(key)).map_err(store_err)? {
+            None => false,
+            Some(t) => {
+                let lease = self.store.lease().map_err(store_err)?;
+                let admitted = self.admits_stored(&lease, key, &t.digest)?;
+                lease.end().map_err(store_err)?;
+                admitted
+            }
+        };
         let mut out = Pulled {
             source: None,
             refused: None,

@@ -217,6 +217,18 @@ impl Engine {
             return Ok(None);
         };
         let manifest = target.digest;
+        // Under a trust policy, only a record the store minted or this
+        // policy admits is served; anything else (fetched or imported by an
+        // untrusting engine) is a miss for this engine.
+        if !self.admits_stored(&lease, key, &manifest)? {
+            eprintln!(
+                "torch-compiled-graphs: warning: {key}: the local record (manifest {}) is not \
+                 admitted by the trust policy (no trusted signature, not minted here): a miss",
+                manifest.to_hex()
+            );
+            lease.end().map_err(store_err)?;
+            return Ok(None);
+        }
         let host = host_facts();
         if let Ok(facts) = &host {
             if let Some(found) =
