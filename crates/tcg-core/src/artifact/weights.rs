@@ -633,7 +633,7 @@ pub fn parse_annex(
     declared: &BTreeSet<String>,
     rows: &[ConstantRow],
 ) -> Result<Option<WeightsContract>> {
-    let value = tcg_cj::parse_strict(bytes).map_err(|e| invalid(e))?;
+    let value = tcg_cj::parse_strict(bytes).map_err(invalid)?;
     let canonical =
         tcg_cj::to_canonical(&value).map_err(|e| invalid(format_args!("not encodable: {e}")))?;
     if canonical != bytes {
@@ -664,28 +664,36 @@ mod tests {
         }
     }
 
-    fn contract(kinds: &[(&str, &str)], groups: &[&[&str]], table: &[&str]) -> WeightsContract {
+    /// The facts a mint hands over: kinds by name and alias groups.
+    fn facts<G: AsRef<[&'static str]>>(kinds: &[(&str, &str)], groups: &[G]) -> Value {
         let mut k = Map::new();
         for (n, kind) in kinds {
             k.insert((*n).into(), Value::Str((*kind).into()));
         }
+        let groups = groups
+            .iter()
+            .map(|g| Value::Array(g.as_ref().iter().map(|s| Value::Str((*s).into())).collect()))
+            .collect();
         let mut m = Map::new();
         m.insert("kinds".into(), Value::Object(k));
-        m.insert(
-            "alias_groups".into(),
-            Value::Array(
-                groups
-                    .iter()
-                    .map(|g| Value::Array(g.iter().map(|s| Value::Str((*s).into())).collect()))
-                    .collect(),
-            ),
-        );
-        let declared = kinds.iter().map(|(n, _)| (*n).to_owned()).collect();
+        m.insert("alias_groups".into(), Value::Array(groups));
+        Value::Object(m)
+    }
+
+    fn declared(kinds: &[(&str, &str)]) -> BTreeSet<String> {
+        kinds.iter().map(|(n, _)| (*n).to_owned()).collect()
+    }
+
+    fn contract(
+        kinds: &[(&str, &str)],
+        groups: &[&[&'static str]],
+        table: &[&str],
+    ) -> WeightsContract {
         let rows: Vec<_> = table
             .iter()
             .map(|t| row(t, ConstantSource::StateDict))
             .collect();
-        WeightsContract::from_facts(&Value::Object(m), &declared, &rows).unwrap()
+        WeightsContract::from_facts(&facts(kinds, groups), &declared(kinds), &rows).unwrap()
     }
 
     fn llama() -> WeightsContract {
@@ -757,12 +765,11 @@ mod tests {
 
     #[test]
     fn facts_that_do_not_restate_the_declaration_are_refused() {
-        let declared: BTreeSet<String> = ["a".to_string()].into();
-        let mut k = Map::new();
-        k.insert("b".into(), Value::Str("parameter".into()));
-        let mut m = Map::new();
-        m.insert("kinds".into(), Value::Object(k));
-        let e = WeightsContract::from_facts(&Value::Object(m), &declared, &[]).unwrap_err();
+        let only_a: BTreeSet<String> = ["a".to_string()].into();
+        let no_groups: [&[&str]; 0] = [];
+        let e =
+            WeightsContract::from_facts(&facts(&[("b", "parameter")], &no_groups), &only_a, &[])
+                .unwrap_err();
         assert_eq!(e.code(), Code::ArtifactAnnexInvalid);
         // An alias outside the declaration, a name in two groups, a kind nobody knows.
         for (kinds, groups) in [
@@ -773,23 +780,8 @@ mod tests {
             ),
             (vec![("a", "weight")], vec![]),
         ] {
-            let mut k = Map::new();
-            for (n, kind) in &kinds {
-                k.insert((*n).into(), Value::Str((*kind).into()));
-            }
-            let mut m = Map::new();
-            m.insert("kinds".into(), Value::Object(k));
-            m.insert(
-                "alias_groups".into(),
-                Value::Array(
-                    groups
-                        .iter()
-                        .map(|g| Value::Array(g.iter().map(|s| Value::Str((*s).into())).collect()))
-                        .collect(),
-                ),
-            );
-            let declared = kinds.iter().map(|(n, _)| (*n).to_owned()).collect();
-            let e = WeightsContract::from_facts(&Value::Object(m), &declared, &[]).unwrap_err();
+            let e = WeightsContract::from_facts(&facts(&kinds, &groups), &declared(&kinds), &[])
+                .unwrap_err();
             assert_eq!(e.code(), Code::ArtifactAnnexInvalid, "{e}");
         }
     }
