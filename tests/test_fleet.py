@@ -376,8 +376,15 @@ def test_fleet_doctor_qualifies_moto(fleet: str, tmp_path: Path) -> None:
     assert v["checksum_refused"] is False
     text = cli("fleet", "doctor", "--remote", fleet, env={})
     assert "wrong upload checksum refused: false (accepted; reported, not required)" in text.stdout
-    cached = list((tmp_path / "cache" / "torch-compiled-graphs" / "fleet-doctor").iterdir())
+    cached = list((tmp_path / "cache" / "torch-compiled-graphs-fleet-doctor").iterdir())
     assert len(cached) == 1 and json.loads(cached[0].read_text())["qualified"] is True
+    # The verdict lives beside the default store root, never inside it: Engine() on the
+    # default root still opens (it refuses a root holding anything but a store).
+    assert not (tmp_path / "cache" / "torch-compiled-graphs").exists()
+    from torch_compiled_graphs import Engine
+
+    Engine()
+    assert cli("ls", "--json", env={}).returncode == 0
 
 
 def test_fleet_doctor_reports_a_server_that_refuses_a_wrong_checksum(tmp_path: Path) -> None:
