@@ -198,9 +198,13 @@ impl HttpService for Guard {
             Expect::List => {
                 let capped = Capped::new(body, MAX_LIST_PAGE_BYTES, Beyond::Fail("a listing page"));
                 let page = HttpResponseBody::new(capped).bytes().await?;
-                let clean = clean_page(&page)
-                    .map_err(|why| HttpError::new(HttpErrorKind::Decode, std::io::Error::other(why)))?;
-                Ok(HttpResponse::from_parts(parts, HttpResponseBody::from(clean)))
+                let clean = clean_page(&page).map_err(|why| {
+                    HttpError::new(HttpErrorKind::Decode, std::io::Error::other(why))
+                })?;
+                Ok(HttpResponse::from_parts(
+                    parts,
+                    HttpResponseBody::from(clean),
+                ))
             }
         }
     }
@@ -284,7 +288,10 @@ impl Body for Capped {
     fn size_hint(&self) -> SizeHint {
         let mut hint = SizeHint::new();
         if let Some(inner) = &self.inner {
-            let upper = inner.size_hint().upper().map_or(self.left, |u| u.min(self.left));
+            let upper = inner
+                .size_hint()
+                .upper()
+                .map_or(self.left, |u| u.min(self.left));
             hint.set_upper(upper);
         } else {
             hint.set_upper(0);
@@ -354,7 +361,12 @@ fn entry_problem(e: &page::Entry) -> Option<String> {
         })
     } else if key.starts_with('/') || key.ends_with('/') {
         Some("a leading or trailing /".into())
-    } else if e.size.as_deref().and_then(|s| s.trim().parse::<u64>().ok()).is_none() {
+    } else if e
+        .size
+        .as_deref()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .is_none()
+    {
         Some("no integer size".into())
     } else if e
         .last_modified
@@ -377,8 +389,8 @@ fn esc(s: &str) -> std::borrow::Cow<'_, str> {
 /// as the plain ListObjectsV2 XML `object_store` reads.
 fn clean_page(bytes: &[u8]) -> Result<Bytes, String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "a listing page is not UTF-8".to_string())?;
-    let page: page::Page =
-        quick_xml::de::from_str(text).map_err(|e| format!("a listing page is not readable XML: {e}"))?;
+    let page: page::Page = quick_xml::de::from_str(text)
+        .map_err(|e| format!("a listing page is not readable XML: {e}"))?;
     let truncated = match page.is_truncated.as_deref().map(str::trim) {
         None | Some("false") => false,
         Some("true") => true,
@@ -459,7 +471,10 @@ mod tests {
         let page = String::from_utf8(page.unwrap().to_vec()).unwrap();
         assert!(page.contains("<Key>p/tcg/v1/refs/a</Key>"), "{page}");
         assert!(page.contains("t&amp;1"), "{page}");
-        assert!(!page.contains("//b") && !page.contains("../c") && !page.contains("refs/d"), "{page}");
+        assert!(
+            !page.contains("//b") && !page.contains("../c") && !page.contains("refs/d"),
+            "{page}"
+        );
         assert_eq!(skipped.len(), 3, "{skipped:?}");
         assert_eq!(skipped[0].name, "p/tcg/v1/refs//b");
         assert!(skipped[0].why.contains("empty segment"), "{skipped:?}");
@@ -474,12 +489,21 @@ mod tests {
 
     #[test]
     fn caps_follow_the_layout() {
-        assert_eq!(expect("GET", "/b/p/tcg/v1/refs/k", None), Expect::Body(MAX_REF_BYTES));
+        assert_eq!(
+            expect("GET", "/b/p/tcg/v1/refs/k", None),
+            Expect::Body(MAX_REF_BYTES)
+        );
         assert_eq!(
             expect("GET", "/b/p/tcg/v1/chunks/sha256/ab/x", None),
             Expect::Body(tcg_cas::MAX_CHUNK_BYTES)
         );
-        assert_eq!(expect("GET", "/b", Some("list-type=2&prefix=p")), Expect::List);
-        assert_eq!(expect("PUT", "/b/p/tcg/v1/refs/k", None), Expect::Body(MAX_OTHER_BODY_BYTES));
+        assert_eq!(
+            expect("GET", "/b", Some("list-type=2&prefix=p")),
+            Expect::List
+        );
+        assert_eq!(
+            expect("PUT", "/b/p/tcg/v1/refs/k", None),
+            Expect::Body(MAX_OTHER_BODY_BYTES)
+        );
     }
 }

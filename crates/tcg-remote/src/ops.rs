@@ -89,7 +89,10 @@ pub fn keys_listed(
         let key = name.strip_prefix(&root).unwrap_or(&name);
         if key.contains('/') || tcg_core::engine::check_key(key).is_err() {
             skipped.push(crate::guard::SkippedEntry {
-                name: name.chars().take(crate::guard::MAX_SKIPPED_NAME_CHARS).collect(),
+                name: name
+                    .chars()
+                    .take(crate::guard::MAX_SKIPPED_NAME_CHARS)
+                    .collect(),
                 why: "not the ref of a key (refs/<cg-key>)".into(),
             });
             continue;
@@ -102,7 +105,7 @@ pub fn keys_listed(
 /// Every key the remote has a ref for ([`keys_listed`]); each skipped name
 /// is a warning.
 pub fn keys(remote: &Remote) -> Result<Vec<String>> {
-    let (keys, skipped) = keys_listed(remote, "listing refs")?;
+    let (keys, skipped) = keys_listed(remote, "fleet")?;
     for e in &skipped {
         tcg_core::engine::remote_warn(format_args!("refs: skipped {e}"));
     }
@@ -291,10 +294,8 @@ pub fn fsck(remote: &Remote, deep: bool) -> Result<(Value, bool)> {
         unparseable.extend(listed.skipped);
     }
     let unparseable: Vec<Value> = unparseable.iter().map(skipped_row).collect();
-    let clean = bad.is_empty()
-        && reports.is_empty()
-        && bad_signatures.is_empty()
-        && unparseable.is_empty();
+    let clean =
+        bad.is_empty() && reports.is_empty() && bad_signatures.is_empty() && unparseable.is_empty();
     Ok((
         obj(vec![
             ("refs_checked", Value::Int(checked)),
