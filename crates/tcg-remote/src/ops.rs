@@ -395,9 +395,15 @@ fn remote_now(remote: &Remote) -> Result<chrono::DateTime<chrono::Utc>> {
         .ok_or_else(|| Error::new(Code::RemoteUnavailable, "cannot read the remote's clock"))
 }
 
-/// Replace the ref of `key` with the local store's record (an operator's
-/// repair of a ref proven bad): chunks and manifest first, then the ref by
-/// `Update(etag)`, so that two repairs cannot both win.
+/// Mend the fleet's copy of `key` from the local store's record (an
+/// operator's repair of what verification proved wrong): the local record
+/// is verified in full first; every chunk and the manifest on the remote
+/// are read back and replaced when their bytes do not hash to their names
+/// (content-addressed: proven wrong); the ref is created when missing and
+/// replaced by `Update(etag)` when it is malformed or names another
+/// manifest (two repairs cannot both win); the local signature records are
+/// written beside it, replacing corrupt ones at their names. Everything
+/// else stays create-only.
 pub fn repair(engine: &Engine, remote: &Remote, key: &str) -> Result<Value> {
     tcg_core::engine::check_key(key)?;
     let client = remote.client()?;
@@ -410,46 +416,75 @@ pub fn repair(engine: &Engine, remote: &Remote, key: &str) -> Result<Value> {
     };
     // Verify the local record fully before it becomes the fleet's.
     let check = tempdir_in(engine)?;
-    engine
-        .resolve(key, &check.join("graph"))?
-        .ok_or_else(|| Error::new(Code::StoreAbsent, format!("{key} does not resolve locally")))?;
+    let resolved = engine.resolve(key, &check.join("graph"));
     let _ = std::fs::remove_dir_all(&check);
+    resolved?
+        .ok_or_else(|| Error::new(Code::StoreAbsent, format!("{key} does not resolve locally")))?;
     let path = layout.graph_ref(key);
     let current = match client.head(&path) {
         Ok(m) => Some(m),
         Err(Fail::NotFound) => None,
         Err(f) => return Err(unavailable("reading the ref", f)),
     };
-    let (published, _) = crate::publish::publish(client, layout, engine.store(), key, &t.digest)
-        .map_err(remote_err)?;
-    if published.outcome != StoreOutcome::Divergent {
-        return Ok(obj(vec![
-            ("key", key.into()),
-            ("outcome", published.outcome.as_str().into()),
-            ("manifest", published.manifest.into()),
-        ]));
-    }
+    let (_, replaced) =
+        crate::publish::upload_objects(client, layout, engine.store(), &t.digest, true)
+            .map_err(remote_err)?;
+    let incumbent = match read_ref(client, layout, key) {
+        Ok(r) => r.map(|r| r.manifest),
+        // Proven wrong (unparseable, another key): replaced below.
+        Err(RemoteError::Bad { .. }) => Some(Digest([0; 32])),
+        Err(e) => return Err(remote_err(e)),
+    };
     let record = RefRecord {
         key: key.to_string(),
         manifest: t.digest,
         producer: format!("fleet repair on {}", host_name()),
         created: unix_now(),
     };
-    let etag = current.and_then(|m| m.e_tag).unwrap_or_default();
-    match client.update(&path, Bytes::from(record.to_bytes()), &etag) {
-        Ok(_) => Ok(obj(vec![
-            ("key", key.into()),
-            ("outcome", "REPAIRED".into()),
-            ("manifest", t.digest.to_hex().into()),
-        ])),
-        Err(Fail::Precondition) => Err(Error::new(
-            Code::RemoteConflict,
-            format!(
-                "fleet repair: the ref of {key} changed meanwhile; run it again after checking"
-            ),
-        )),
-        Err(f) => Err(unavailable("replacing the ref", f)),
-    }
+    let outcome = match (incumbent, current) {
+        (Some(m), _) if m == t.digest => {
+            if replaced > 0 {
+                "REPAIRED"
+            } else {
+                StoreOutcome::Present.as_str()
+            }
+        }
+        (None, _) | (_, None) => {
+            let p = crate::publish::create_ref(client, layout, &record).map_err(remote_err)?;
+            if p.outcome != StoreOutcome::Stored && p.outcome != StoreOutcome::Present {
+                return Err(Error::new(
+                    Code::RemoteConflict,
+                    format!(
+                        "fleet repair: the ref of {key} changed meanwhile; run it again after checking"
+                    ),
+                ));
+            }
+            p.outcome.as_str()
+        }
+        (Some(_), Some(meta)) => {
+            let etag = meta.e_tag.unwrap_or_default();
+            match client.update(&path, Bytes::from(record.to_bytes()), &etag) {
+                Ok(_) => "REPAIRED",
+                Err(Fail::Precondition) => {
+                    return Err(Error::new(
+                        Code::RemoteConflict,
+                        format!(
+                            "fleet repair: the ref of {key} changed meanwhile; run it again after checking"
+                        ),
+                    ))
+                }
+                Err(f) => return Err(unavailable("replacing the ref", f)),
+            }
+        }
+    };
+    let signatures = crate::signatures::push_records(engine, remote, key)?;
+    Ok(obj(vec![
+        ("key", key.into()),
+        ("outcome", outcome.into()),
+        ("manifest", t.digest.to_hex().into()),
+        ("replaced_objects", Value::Int(replaced as i64)),
+        ("signatures", Value::Int(signatures as i64)),
+    ]))
 }
 
 fn tempdir_in(engine: &Engine) -> Result<std::path::PathBuf> {

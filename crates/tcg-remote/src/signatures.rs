@@ -174,8 +174,10 @@ pub fn records(
 }
 
 /// Write one record create-only. `Ok(true)`: written; `Ok(false)`: the
-/// same bytes were there. Anything else at the name is never overwritten
-/// (its name is the digest of our bytes, so it is junk): an error.
+/// same bytes were there. Other bytes at the name are proven wrong (the
+/// name is the SHA-256 of our bytes: an overwritten or corrupt record) and
+/// are replaced by a conditional update on their ETag (`push`, `sign` and
+/// `fleet repair` all mend it); anything else is never overwritten.
 pub fn put_record(
     client: &Client,
     layout: &Layout,
@@ -193,16 +195,47 @@ pub fn put_record(
     let path = layout.signature(key, fingerprint_hex, manifest, record);
     match client.create(&path, Bytes::copy_from_slice(record)) {
         Ok(_) => Ok(true),
-        Err(Fail::Exists) => match client.get_small(&path, MAX_RECORD_BYTES) {
-            Ok((b, _)) if b.as_ref() == record => Ok(false),
-            Ok(_) => Err(RemoteError::Bad {
-                manifest: Some(manifest.to_hex()),
-                why: format!("{path} holds other bytes than its name says; left as it is"),
-            }),
-            Err(f) => Err(RemoteError::Unavailable(format!(
-                "reading back a signature record: {f}"
-            ))),
-        },
+        Err(Fail::Exists) => {
+            let meta = match client.head(&path) {
+                Ok(m) => m,
+                Err(f) => {
+                    return Err(RemoteError::Unavailable(format!(
+                        "reading back a signature record: {f}"
+                    )))
+                }
+            };
+            // The incumbent is read only as far as its name allows: more
+            // bytes than a record may have cannot be the record.
+            let same = meta.size == record.len() as u64
+                && match client.get_small(&path, MAX_RECORD_BYTES) {
+                    Ok((b, _)) => b.as_ref() == record,
+                    Err(Fail::NotFound) => false,
+                    Err(f) => {
+                        return Err(RemoteError::Unavailable(format!(
+                            "reading back a signature record: {f}"
+                        )))
+                    }
+                };
+            if same {
+                return Ok(false);
+            }
+            let etag = meta.e_tag.unwrap_or_default();
+            match client.update(&path, Bytes::copy_from_slice(record), &etag) {
+                Ok(_) => Ok(true),
+                // Replaced meanwhile (by another mender, with these bytes, or
+                // by a writer again): what is there now decides.
+                Err(Fail::Precondition) => match client.get_small(&path, MAX_RECORD_BYTES) {
+                    Ok((b, _)) if b.as_ref() == record => Ok(false),
+                    _ => Err(RemoteError::Bad {
+                        manifest: Some(manifest.to_hex()),
+                        why: format!("{path} changed while it was being replaced; run it again"),
+                    }),
+                },
+                Err(f) => Err(RemoteError::Unavailable(format!(
+                    "replacing a corrupt signature record: {f}"
+                ))),
+            }
+        }
         Err(f) => Err(RemoteError::Unavailable(format!(
             "writing a signature record: {f}"
         ))),

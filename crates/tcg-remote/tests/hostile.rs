@@ -746,3 +746,123 @@ fn a_trusting_fetch_works_beside_an_unparseable_name() {
     assert_eq!(pulled.source, Some(tcg_core::engine::Source::Remote));
     assert!(stat(&w, "remote_signatures_skipped") >= 1);
 }
+
+// ---------------------------------------------------------------------------
+// 7. Repair replaces what verification proves wrong; the rest stays create-only.
+
+fn outcome(v: &tcg_cj::Value) -> String {
+    v.as_object().unwrap()["outcome"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn repair_replaces_a_malformed_ref_and_an_overwritten_chunk() {
+    let d = tempfile::tempdir().unwrap();
+    let url = bucket();
+    let r = remote(&url);
+    let a = Engine::open(d.path().join("a"))
+        .unwrap()
+        .with_remote(r.clone());
+    let m = a.import_artifact(KEY, &reference()).unwrap();
+    let m = Digest::from_hex(&m.manifest).unwrap();
+    tcg_remote::ops::push(&a, &r, &[KEY.to_string()], &mut |_, _| {}).unwrap();
+    let c = r.client().unwrap();
+
+    // A malformed ref (a writer's junk): fetch refuses it, repair replaces it.
+    let refp = r.layout().graph_ref(KEY);
+    c.put(
+        &refp,
+        Bytes::from_static(b"{\"junk\":1}"),
+        object_store::PutMode::Overwrite,
+    )
+    .unwrap();
+    assert!(matches!(
+        tcg_remote::fetch::read_ref(c, r.layout(), KEY),
+        Err(RemoteError::Bad { .. })
+    ));
+    let fixed = tcg_remote::ops::repair(&a, &r, KEY).unwrap();
+    assert_eq!(outcome(&fixed), "REPAIRED", "{fixed:?}");
+    let now = tcg_remote::fetch::read_ref(c, r.layout(), KEY)
+        .unwrap()
+        .unwrap();
+    assert_eq!(now.manifest, m);
+
+    // An overwritten chunk, same length: push cannot tell (HEAD only), repair reads
+    // it back, proves it wrong and replaces it.
+    let manifest = tcg_remote::fetch::read_manifest(c, r.layout(), &m)
+        .unwrap()
+        .unwrap();
+    let chunk = manifest.chunks[0];
+    let cp = r.layout().chunk(&chunk.digest);
+    let (good, _) = c.get_small(&cp, chunk.len).unwrap();
+    let mut bad = good.to_vec();
+    bad[10] ^= 0xff;
+    c.put(&cp, Bytes::from(bad), object_store::PutMode::Overwrite)
+        .unwrap();
+    let (report, clean) = tcg_remote::ops::fsck(&r, true).unwrap();
+    assert!(!clean, "{report:?}");
+    let fixed = tcg_remote::ops::repair(&a, &r, KEY).unwrap();
+    assert_eq!(outcome(&fixed), "REPAIRED", "{fixed:?}");
+    assert_eq!(int(&fixed, "replaced_objects"), 1);
+    assert_eq!(c.get_small(&cp, chunk.len).unwrap().0, good);
+    let (report, clean) = tcg_remote::ops::fsck(&r, true).unwrap();
+    assert!(clean, "{report:?}");
+    // Nothing left to mend: present, nothing replaced.
+    let again = tcg_remote::ops::repair(&a, &r, KEY).unwrap();
+    assert_eq!(outcome(&again), "PRESENT", "{again:?}");
+    assert_eq!(int(&again, "replaced_objects"), 0);
+}
+
+#[test]
+fn push_and_repair_replace_an_overwritten_signature_record() {
+    let d = tempfile::tempdir().unwrap();
+    let url = bucket();
+    let (k, _) = keygen(d.path(), "k", "ci@fleet");
+    let r = remote(&url);
+    let a = Engine::open(d.path().join("a"))
+        .unwrap()
+        .with_remote(r.clone());
+    let m = a.import_artifact(KEY, &reference()).unwrap();
+    let m = Digest::from_hex(&m.manifest).unwrap();
+    a.sign_stored(
+        KEY,
+        &tcg_trust::Signer::from_file(&k).unwrap(),
+        Some("ci@fleet"),
+    )
+    .unwrap();
+    tcg_remote::ops::push(&a, &r, &[KEY.to_string()], &mut |_, _| {}).unwrap();
+    let (_, records) = a.remote_signature_records(KEY).unwrap().unwrap();
+    let (fp, rec) = &records[0];
+    let c = r.client().unwrap();
+    let at = r.layout().signature(KEY, fp, &m, rec);
+    for (i, mend) in ["push", "repair"].iter().enumerate() {
+        c.put(
+            &at,
+            Bytes::from(format!("overwritten {i}")),
+            object_store::PutMode::Overwrite,
+        )
+        .unwrap();
+        let (report, clean) = tcg_remote::ops::fsck(&r, false).unwrap();
+        assert!(!clean, "{report:?}");
+        let v = match *mend {
+            "push" => {
+                let rows =
+                    tcg_remote::ops::push(&a, &r, &[KEY.to_string()], &mut |_, _| {}).unwrap();
+                rows.as_array().unwrap()[0].clone()
+            }
+            _ => tcg_remote::ops::repair(&a, &r, KEY).unwrap(),
+        };
+        assert_eq!(int(&v, "signatures"), 1, "{mend}: {v:?}");
+        assert_eq!(
+            c.get_small(&at, 1 << 16).unwrap().0.as_ref(),
+            rec.as_slice(),
+            "{mend}"
+        );
+        let (report, clean) = tcg_remote::ops::fsck(&r, false).unwrap();
+        assert!(clean, "{mend}: {report:?}");
+    }
+    // The same record again: nothing is rewritten.
+    assert!(!tcg_remote::signatures::put_record(c, r.layout(), KEY, fp, &m, rec).unwrap());
+}
