@@ -79,25 +79,33 @@ pub fn read_manifest(
         Err(Fail::NotFound) => return Ok(None),
         Err(f) => return Err(unavailable("reading the manifest", f)),
     };
-    let actual = Digest::of(&bytes);
+    check_manifest(&bytes, m).map_err(bad)
+}
+
+/// The checks of a remote manifest's bytes named `m` (no I/O): its SHA-256,
+/// the manifest rules, the envelope size limit and the repeat bound.
+/// `Ok(None)`: a format this build cannot read. The fuzz target
+/// `remote_records` runs it on arbitrary bytes.
+pub fn check_manifest(bytes: &[u8], m: &Digest) -> Result<Option<Manifest>, String> {
+    let actual = Digest::of(bytes);
     if actual != *m {
-        return Err(bad(format!(
+        return Err(format!(
             "manifest {} has SHA-256 {}",
             m.to_hex(),
             actual.to_hex()
-        )));
+        ));
     }
-    let manifest = match Manifest::parse(&bytes, m) {
+    let manifest = match Manifest::parse(bytes, m) {
         Ok(man) => man,
         Err(tcg_cas::StoreError::RecordFormatUnsupported { .. }) => return Ok(None),
-        Err(e) => return Err(bad(e.to_string())),
+        Err(e) => return Err(e.to_string()),
     };
     if manifest.size > tcg_core::artifact::MAX_ARCHIVE_BYTES {
-        return Err(bad(format!(
+        return Err(format!(
             "manifest size {} is over the envelope limit of {} bytes",
             manifest.size,
             tcg_core::artifact::MAX_ARCHIVE_BYTES
-        )));
+        ));
     }
     // A chunk listed again is downloaded again: bound what repeats may add.
     let mut distinct = std::collections::BTreeSet::new();
@@ -108,13 +116,13 @@ pub fn read_manifest(
         }
     }
     if manifest.size > distinct_bytes.saturating_mul(MAX_REPEAT_FACTOR) {
-        return Err(bad(format!(
+        return Err(format!(
             "manifest lists {} chunks ({} bytes) but only {} distinct ones ({distinct_bytes} bytes): \
              repeats beyond {MAX_REPEAT_FACTOR}x the distinct bytes are refused",
             manifest.chunks.len(),
             manifest.size,
             distinct.len()
-        )));
+        ));
     }
     Ok(Some(manifest))
 }

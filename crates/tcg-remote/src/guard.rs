@@ -387,7 +387,7 @@ fn esc(s: &str) -> std::borrow::Cow<'_, str> {
 
 /// The page with its unusable entries dropped (and recorded), rewritten
 /// as the plain ListObjectsV2 XML `object_store` reads.
-fn clean_page(bytes: &[u8]) -> Result<Bytes, String> {
+pub fn clean_page(bytes: &[u8]) -> Result<Bytes, String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "a listing page is not UTF-8".to_string())?;
     let page: page::Page = quick_xml::de::from_str(text)
         .map_err(|e| format!("a listing page is not readable XML: {e}"))?;
