@@ -501,9 +501,7 @@ def test_fleet_commands_skip_unparseable_names_and_gc_refuses_an_incomplete_list
     assert {f"{root}/{rest}" for rest in junk} <= named, named
     before = sorted(list_names(moto, fleet, "chunks") + list_names(moto, fleet, "manifests"))
     # A cap the bucket does not fit in: gc refuses with its code and deletes nothing.
-    refused = cli(
-        "fleet", "gc", "--remote", fleet, "--grace", "0", env={"TORCH_COMPILED_GRAPHS_REMOTE_LIST_CAP": "1"}
-    )
+    refused = cli("fleet", "gc", "--remote", fleet, "--grace", "0", env={"TORCH_COMPILED_GRAPHS_REMOTE_LIST_CAP": "1"})
     assert refused.returncode == 2, refused.stderr
     assert "code: remote.listing_incomplete" in refused.stderr
     assert "nothing was changed" in refused.stderr

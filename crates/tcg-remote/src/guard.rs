@@ -276,7 +276,17 @@ impl Body for Capped {
         this.left = 0;
         this.inner = None;
         match this.beyond {
-            Beyond::Cut => Poll::Ready(Some(Ok(Frame::data(data.slice(..keep))))),
+            Beyond::Cut => {
+                // Cut at a character boundary: the client reads an error
+                // body as text, and a split character would lose the status.
+                let mut cut = data.slice(..keep);
+                if let Err(e) = std::str::from_utf8(&cut) {
+                    if e.error_len().is_none() {
+                        cut = cut.slice(..e.valid_up_to());
+                    }
+                }
+                Poll::Ready(Some(Ok(Frame::data(cut))))
+            }
             Beyond::Fail(what) => Poll::Ready(Some(Err(over(what, this.cap)))),
         }
     }

@@ -429,10 +429,11 @@ pub fn repair(engine: &Engine, remote: &Remote, key: &str) -> Result<Value> {
     let (_, replaced) =
         crate::publish::upload_objects(client, layout, engine.store(), &t.digest, true)
             .map_err(remote_err)?;
-    let incumbent = match read_ref(client, layout, key) {
-        Ok(r) => r.map(|r| r.manifest),
-        // Proven wrong (unparseable, another key): replaced below.
-        Err(RemoteError::Bad { .. }) => Some(Digest([0; 32])),
+    // What the ref names now: `None` when absent; `Some(None)` when it is
+    // proven wrong (unparseable, another key), replaced below.
+    let incumbent: Option<Option<Digest>> = match read_ref(client, layout, key) {
+        Ok(r) => r.map(|r| Some(r.manifest)),
+        Err(RemoteError::Bad { .. }) => Some(None),
         Err(e) => return Err(remote_err(e)),
     };
     let record = RefRecord {
@@ -442,7 +443,7 @@ pub fn repair(engine: &Engine, remote: &Remote, key: &str) -> Result<Value> {
         created: unix_now(),
     };
     let outcome = match (incumbent, current) {
-        (Some(m), _) if m == t.digest => {
+        (Some(Some(m)), _) if m == t.digest => {
             if replaced > 0 {
                 "REPAIRED"
             } else {
