@@ -178,7 +178,13 @@ def test_without_cpp_march_the_compiler_wrapper_clamps_native(without_cpp_march:
     thread.join()
     assert seen == [config.cpp.cxx]
     none, wrapper = config.cpp.cxx
-    assert none is None and wrapper.startswith(str(tmp_path / "cache" / "torch-compiled-graphs" / "cxx-clamp"))
+    assert none is None and wrapper.startswith(str(tmp_path / "cache" / "torch-compiled-graphs-cxx-clamp"))
+    # Beside the default store root, not inside it: Engine() on the default root still opens.
+    from torch_compiled_graphs import Engine
+
+    assert not (tmp_path / "cache" / "torch-compiled-graphs").exists()
+    Engine()
+    assert (tmp_path / "cache" / "torch-compiled-graphs").is_dir()
     assert config._config["cpp.cxx"].default == (None, wrapper)
     assert config.cpp.simdlen == int(requirement["cpp_simdlen"])
     real = runtime._REAL_CXX[0]
@@ -212,7 +218,7 @@ def test_a_tampered_compiler_wrapper_is_rewritten(without_cpp_march: Any) -> Non
 def test_a_compiler_wrapper_in_a_shared_directory_fails_closed(without_cpp_march: Any, tmp_path: Any) -> None:
     import os
 
-    shared = tmp_path / "cache" / "torch-compiled-graphs" / "cxx-clamp"
+    shared = tmp_path / "cache" / "torch-compiled-graphs-cxx-clamp"
     shared.mkdir(parents=True)
     os.chmod(shared, 0o777)
     with pytest.raises(DeclarationError) as e:

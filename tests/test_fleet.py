@@ -376,8 +376,15 @@ def test_fleet_doctor_qualifies_moto(fleet: str, tmp_path: Path) -> None:
     assert v["checksum_refused"] is False
     text = cli("fleet", "doctor", "--remote", fleet, env={})
     assert "wrong upload checksum refused: false (accepted; reported, not required)" in text.stdout
-    cached = list((tmp_path / "cache" / "torch-compiled-graphs" / "fleet-doctor").iterdir())
+    cached = list((tmp_path / "cache" / "torch-compiled-graphs-fleet-doctor").iterdir())
     assert len(cached) == 1 and json.loads(cached[0].read_text())["qualified"] is True
+    # The verdict lives beside the default store root, never inside it: Engine() on the
+    # default root still opens (it refuses a root holding anything but a store).
+    assert not (tmp_path / "cache" / "torch-compiled-graphs").exists()
+    from torch_compiled_graphs import Engine
+
+    Engine()
+    assert cli("ls", "--json", env={}).returncode == 0
 
 
 def test_fleet_doctor_reports_a_server_that_refuses_a_wrong_checksum(tmp_path: Path) -> None:
@@ -471,6 +478,40 @@ def test_fleet_ls_fsck_gc_repair_and_prometheus_stats(fleet: str, moto: Moto, tm
     assert "# TYPE torch_compiled_graphs_remote_hits_total counter" in prom.stdout
     assert "torch_compiled_graphs_remote_hits_total 1" in prom.stdout.splitlines()
     assert "torch_compiled_graphs_store_bytes " in prom.stdout
+
+
+def test_fleet_commands_skip_unparseable_names_and_gc_refuses_an_incomplete_listing(
+    fleet: str, moto: Moto, tmp_path: Path
+) -> None:
+    """Issue 25: one hostile name fails no listing (ls, fsck, gc, pull keep working; fsck
+    names it), and gc never sweeps on a listing it could not complete."""
+    push_reference(tmp_path, fleet)
+    _, root = split(fleet)
+    junk = ["refs//junk", "refs/not-a-key", f"refs/x/../{REFERENCE_KEY}", "chunks//junk", "manifests/./junk"]
+    for rest in junk:
+        raw_put(moto, fleet, rest, b"{}")
+    ls = cli("fleet", "ls", "--remote", fleet, "--json", env={})
+    assert ls.returncode == 0, ls.stderr
+    assert [r["key"] for r in json.loads(ls.stdout)] == [REFERENCE_KEY]
+    fsck = cli("fleet", "fsck", "--remote", fleet, "--json", env={})
+    assert fsck.returncode == 1, fsck.stderr
+    report = json.loads(fsck.stdout)
+    assert report["bad"] == [] and report["clean"] is False
+    named = {row["name"] for row in report["unparseable"]}
+    assert {f"{root}/{rest}" for rest in junk} <= named, named
+    before = sorted(list_names(moto, fleet, "chunks") + list_names(moto, fleet, "manifests"))
+    # A cap the bucket does not fit in: gc refuses with its code and deletes nothing.
+    refused = cli("fleet", "gc", "--remote", fleet, "--grace", "0", env={"TORCH_COMPILED_GRAPHS_REMOTE_LIST_CAP": "1"})
+    assert refused.returncode == 2, refused.stderr
+    assert "code: remote.listing_incomplete" in refused.stderr
+    assert "nothing was changed" in refused.stderr
+    assert sorted(list_names(moto, fleet, "chunks") + list_names(moto, fleet, "manifests")) == before
+    gc = cli("fleet", "gc", "--remote", fleet, "--grace", "0", "--json", env={})
+    assert gc.returncode == 0, gc.stderr
+    assert json.loads(gc.stdout)["freed_objects"] == 0 and json.loads(gc.stdout)["unparseable"] >= 2
+    pulled = cli("pull", "--cas-root", str(tmp_path / "p"), "--remote", fleet, "--json", env={})
+    assert pulled.returncode == 0, pulled.stderr
+    assert [(r["key"], r["source"]) for r in json.loads(pulled.stdout)] == [(REFERENCE_KEY, "remote")]
 
 
 WORKER = r"""

@@ -110,7 +110,9 @@ exec '{real}' "$@"
 
 def _clamp_root() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "torch-compiled-graphs", "cxx-clamp")
+    # Beside the default store root ($XDG_CACHE_HOME/torch-compiled-graphs), never
+    # inside it: Engine() refuses a root holding anything but a store.
+    return os.path.join(base, "torch-compiled-graphs-cxx-clamp")
 
 
 def _private_dir(path: str) -> None:
@@ -124,7 +126,8 @@ def _private_dir(path: str) -> None:
 def clamp_compiler(real: str, march: str) -> str:
     """A compiler wrapper that runs ``real`` with ``-march=native`` replaced by ``-march=march``.
 
-    The script lives under ``$XDG_CACHE_HOME/torch-compiled-graphs/cxx-clamp/<digest>/``
+    The script lives under ``$XDG_CACHE_HOME/torch-compiled-graphs-cxx-clamp/<digest>/``
+    (beside the default store root, not inside it)
     and keeps the real compiler's file name (inductor picks compiler-specific
     flags by name). Its content is checked on every call and rewritten
     atomically when it differs; the directories must be private to this user.
@@ -133,7 +136,7 @@ def clamp_compiler(real: str, march: str) -> str:
         raise OSError(f"cannot wrap compiler {real!r} for -march={march!r}")
     text = _WRAPPER.format(real=real, march=march).encode()
     root = _clamp_root()
-    _private_dir(os.path.dirname(root))
+    os.makedirs(os.path.dirname(root), exist_ok=True)
     _private_dir(root)
     where = os.path.join(root, hashlib.sha256(text).hexdigest()[:16])
     _private_dir(where)

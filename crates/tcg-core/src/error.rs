@@ -194,6 +194,10 @@ codes! {
     RemoteAbsent => Storage, "remote.absent";
     /// A conditional remote write lost (the record moved meanwhile).
     RemoteConflict => Storage, "remote.conflict";
+    /// A remote listing could not be completed (more names than the cap, or
+    /// a page claiming more without a continuation token): nothing that
+    /// depends on it (a `fleet gc` sweep) was done.
+    RemoteListingIncomplete => Storage, "remote.listing_incomplete";
 
     QuarantinePresent => Quarantined, "quarantine.present";
     QuarantineExportVerification => Quarantined, "quarantine.export_verification";

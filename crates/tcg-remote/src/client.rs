@@ -27,6 +27,9 @@ pub enum Fail {
     Precondition,
     /// Anything else: timeout, refused, reset, 4xx/5xx, throttling.
     Transport(String),
+    /// A listing could not be completed: it holds more names than the
+    /// caller's cap (a listing never ends early without saying so).
+    Incomplete(String),
 }
 
 impl std::fmt::Display for Fail {
@@ -35,7 +38,7 @@ impl std::fmt::Display for Fail {
             Fail::NotFound => f.write_str("not found"),
             Fail::Exists => f.write_str("already exists"),
             Fail::Precondition => f.write_str("precondition failed"),
-            Fail::Transport(m) => f.write_str(m),
+            Fail::Transport(m) | Fail::Incomplete(m) => f.write_str(m),
         }
     }
 }
@@ -62,7 +65,30 @@ fn one_line(e: &dyn std::error::Error) -> String {
         }
         src = inner.source();
     }
-    s.replace('\n', " ")
+    // Bounded: the guard caps error bodies, and a message is a sentence.
+    let mut s: String = s.replace(['\n', '\r'], " ");
+    if s.len() > MAX_MESSAGE_BYTES {
+        let mut cut = MAX_MESSAGE_BYTES;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str(" …");
+    }
+    s
+}
+
+/// Longest error message kept from a remote failure.
+pub const MAX_MESSAGE_BYTES: usize = 8192;
+
+/// One listing: the objects, and the entries the guard could not parse
+/// (each as "name: why"), skipped and reported rather than failing it.
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    /// The usable objects, in the store's order.
+    pub objects: Vec<ObjectMeta>,
+    /// The entries skipped, with why.
+    pub skipped: Vec<crate::guard::SkippedEntry>,
 }
 
 /// A built client: the store, its runtime and the prefix inside it.
@@ -160,16 +186,16 @@ fn build_store_with(config: &RemoteConfig, tamper: bool) -> Result<Arc<dyn Objec
                 b = b.with_config(key, v);
             }
             if tamper {
-                b = b
-                    .with_unsigned_payload(true)
-                    .with_http_connector(crate::tamper::TamperConnector);
+                b = b.with_unsigned_payload(true);
             }
+            b = b.with_http_connector(crate::guard::GuardConnector { tamper });
             let s = b.with_url(base.as_str()).build().map_err(|e| invalid(&e))?;
             Ok(Arc::new(s))
         }
         #[cfg(feature = "gcp")]
         "gs" => {
             let s = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_http_connector(crate::guard::GuardConnector::default())
                 .with_client_options(options)
                 .with_retry(retry)
                 .with_url(base.as_str())
@@ -180,6 +206,7 @@ fn build_store_with(config: &RemoteConfig, tamper: bool) -> Result<Arc<dyn Objec
         #[cfg(feature = "azure")]
         "az" | "abfs" | "abfss" => {
             let s = object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_http_connector(crate::guard::GuardConnector::default())
                 .with_client_options(options)
                 .with_retry(retry)
                 .with_url(base.as_str())
@@ -325,22 +352,64 @@ impl Client {
         }
     }
 
-    /// LIST everything under `prefix` (operator commands), bounded by
-    /// `max` entries.
-    pub fn list(&self, prefix: &Path, max: usize) -> std::result::Result<Vec<ObjectMeta>, Fail> {
+    /// LIST `prefix` to its end (following the store's continuation
+    /// tokens) within `limit` in all: more than `max` objects is
+    /// [`Fail::Incomplete`], never a shorter listing. Entries the guard
+    /// cannot parse are skipped and named in [`Listing::skipped`].
+    pub fn list_within(
+        &self,
+        prefix: &Path,
+        max: usize,
+        limit: Duration,
+    ) -> std::result::Result<Listing, Fail> {
+        match self.list_first(prefix, max, limit)? {
+            (listing, true) => Ok(listing),
+            (_, false) => Err(Fail::Incomplete(format!(
+                "{prefix} holds more than {max} objects; the listing was not completed"
+            ))),
+        }
+    }
+
+    /// The first `max` objects under `prefix` within `limit`, and whether
+    /// that is all of them (`false`: there are more, not read). For readers
+    /// that may act on a part (never for a deletion).
+    pub fn list_first(
+        &self,
+        prefix: &Path,
+        max: usize,
+        limit: Duration,
+    ) -> std::result::Result<(Listing, bool), Fail> {
         use futures_util::StreamExt;
         let store = Arc::clone(&self.store);
-        let limit = self.config.timeout * 60;
-        self.run(limit, async move {
+        let listing = async move {
             let mut out = Vec::new();
             let mut s = store.list(Some(prefix));
             while let Some(m) = s.next().await {
-                out.push(m?);
-                if out.len() >= max {
-                    break;
+                let m = m?;
+                if out.len() == max {
+                    return Ok((out, false));
                 }
+                out.push(m);
             }
-            Ok(out)
-        })
+            Ok((out, true))
+        };
+        let (listed, skipped) = self
+            .runtime
+            .block_on(crate::guard::collect_skipped(within(limit, listing)));
+        let (objects, complete) = listed?;
+        Ok((Listing { objects, skipped }, complete))
+    }
+
+    /// An operator command's listing of `prefix` ([`Client::list_within`]
+    /// with the configured cap and the operator bound).
+    pub fn list_all(&self, prefix: &Path) -> std::result::Result<Listing, Fail> {
+        self.list_within(prefix, self.config.list_cap, self.config.list_timeout())
+    }
+
+    /// The objects under `prefix`, at most `max` of them (more is
+    /// [`Fail::Incomplete`]), within the operator bound.
+    pub fn list(&self, prefix: &Path, max: usize) -> std::result::Result<Vec<ObjectMeta>, Fail> {
+        self.list_within(prefix, max, self.config.list_timeout())
+            .map(|l| l.objects)
     }
 }

@@ -15,6 +15,12 @@ pub const MIN_RATE_ENV: &str = "TORCH_COMPILED_GRAPHS_REMOTE_MIN_RATE";
 pub const LEASE_TTL_ENV: &str = "TORCH_COMPILED_GRAPHS_REMOTE_LEASE_TTL_S";
 /// How long a worker waits for another worker's compile, in seconds.
 pub const WAIT_ENV: &str = "TORCH_COMPILED_GRAPHS_REMOTE_WAIT_S";
+/// Most objects an operator command's listing of one folder may hold.
+pub const LIST_CAP_ENV: &str = "TORCH_COMPILED_GRAPHS_REMOTE_LIST_CAP";
+/// Default of [`RemoteConfig::list_cap`].
+pub const DEFAULT_LIST_CAP: usize = 1_000_000;
+/// An operator command's listing may take this many metadata timeouts.
+pub const OPERATOR_LIST_TIMEOUTS: u32 = 60;
 
 /// Settings of one remote.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +36,10 @@ pub struct RemoteConfig {
     pub lease_ttl: Duration,
     /// The longest wait for another worker's compile (about 1.5x a compile).
     pub wait: Duration,
+    /// Most objects an operator command's listing of one folder may hold
+    /// (`fleet ls`, `fsck`, `gc`, `pull` of every key): a listing past it
+    /// fails (`remote.listing_incomplete`), it is never cut short.
+    pub list_cap: usize,
     /// Store options applied over the environment's (`aws_endpoint`, …):
     /// for callers that configure a remote in code rather than by `AWS_*`.
     pub options: Vec<(String, String)>,
@@ -68,6 +78,7 @@ impl RemoteConfig {
             min_rate: 4 << 20,
             lease_ttl: Duration::from_secs(60),
             wait: Duration::from_secs(900),
+            list_cap: DEFAULT_LIST_CAP,
             options: Vec::new(),
         })
     }
@@ -88,6 +99,9 @@ impl RemoteConfig {
         if let Some(s) = env_number(WAIT_ENV)? {
             c.wait = Duration::from_secs_f64(s);
         }
+        if let Some(n) = env_number(LIST_CAP_ENV)? {
+            c.list_cap = (n as usize).max(1);
+        }
         Ok(c)
     }
 
@@ -96,6 +110,13 @@ impl RemoteConfig {
         std::env::var(REMOTE_ENV)
             .ok()
             .filter(|v| !v.trim().is_empty())
+    }
+
+    /// The bound of an operator command's listing of one folder, in all
+    /// (every page): [`OPERATOR_LIST_TIMEOUTS`] metadata timeouts. A
+    /// listing on the resolve path is bounded by the metadata timeout.
+    pub fn list_timeout(&self) -> Duration {
+        self.timeout * OPERATOR_LIST_TIMEOUTS
     }
 
     /// The bound of a data request of `len` bytes.

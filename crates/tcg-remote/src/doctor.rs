@@ -78,7 +78,9 @@ fn cache_dir() -> Option<PathBuf> {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("torch-compiled-graphs").join("fleet-doctor"))
+    // Beside the default store root (`$XDG_CACHE_HOME/torch-compiled-graphs`),
+    // never inside it: a store root holds a store and nothing else.
+    Some(base.join("torch-compiled-graphs-fleet-doctor"))
 }
 
 fn cache_file(url: &str) -> Option<PathBuf> {

@@ -25,6 +25,15 @@ use crate::layout::{Layout, RefRecord, MAX_MANIFEST_BYTES, MAX_REF_BYTES};
 /// has begun.
 pub const CHUNKS_AHEAD: usize = 3;
 
+/// A remote manifest may declare at most this many times the bytes of its
+/// distinct chunks. An envelope is one gzip stream at maximum compression:
+/// two identical 64 MiB stretches of it need identical incompressible input
+/// met in identical compressor states, so a real envelope practically never
+/// repeats a chunk, and twice its distinct bytes is a generous bound on what
+/// one could; a manifest listing one chunk hundreds of times (128 MiB stored,
+/// 13 GB downloaded per worker) is refused before the first GET.
+pub const MAX_REPEAT_FACTOR: u64 = 2;
+
 fn unavailable(what: &str, f: Fail) -> RemoteError {
     RemoteError::Unavailable(format!("{what}: {f}"))
 }
@@ -70,24 +79,50 @@ pub fn read_manifest(
         Err(Fail::NotFound) => return Ok(None),
         Err(f) => return Err(unavailable("reading the manifest", f)),
     };
-    let actual = Digest::of(&bytes);
+    check_manifest(&bytes, m).map_err(bad)
+}
+
+/// The checks of a remote manifest's bytes named `m` (no I/O): its SHA-256,
+/// the manifest rules, the envelope size limit and the repeat bound.
+/// `Ok(None)`: a format this build cannot read. The fuzz target
+/// `remote_records` runs it on arbitrary bytes.
+pub fn check_manifest(bytes: &[u8], m: &Digest) -> Result<Option<Manifest>, String> {
+    let actual = Digest::of(bytes);
     if actual != *m {
-        return Err(bad(format!(
+        return Err(format!(
             "manifest {} has SHA-256 {}",
             m.to_hex(),
             actual.to_hex()
-        )));
+        ));
     }
-    let manifest = match Manifest::parse(&bytes, m) {
+    let manifest = match Manifest::parse(bytes, m) {
         Ok(man) => man,
         Err(tcg_cas::StoreError::RecordFormatUnsupported { .. }) => return Ok(None),
-        Err(e) => return Err(bad(e.to_string())),
+        Err(e) => return Err(e.to_string()),
     };
     if manifest.size > tcg_core::artifact::MAX_ARCHIVE_BYTES {
-        return Err(bad(format!(
-            "manifest size {} is over the envelope limit",
-            manifest.size
-        )));
+        return Err(format!(
+            "manifest size {} is over the envelope limit of {} bytes",
+            manifest.size,
+            tcg_core::artifact::MAX_ARCHIVE_BYTES
+        ));
+    }
+    // A chunk listed again is downloaded again: bound what repeats may add.
+    let mut distinct = std::collections::BTreeSet::new();
+    let mut distinct_bytes = 0u64;
+    for c in &manifest.chunks {
+        if distinct.insert(c.digest) {
+            distinct_bytes += c.len;
+        }
+    }
+    if manifest.size > distinct_bytes.saturating_mul(MAX_REPEAT_FACTOR) {
+        return Err(format!(
+            "manifest lists {} chunks ({} bytes) but only {} distinct ones ({distinct_bytes} bytes): \
+             repeats beyond {MAX_REPEAT_FACTOR}x the distinct bytes are refused",
+            manifest.chunks.len(),
+            manifest.size,
+            distinct.len()
+        ));
     }
     Ok(Some(manifest))
 }
@@ -118,9 +153,12 @@ pub fn open_manifest(
     };
     let failure: FailureSlot = Arc::new(Mutex::new(None));
     let chunks = manifest.chunks.clone();
+    let (file_digest, size) = (manifest.file_digest, manifest.size);
     let reader = ChunkStream::new(client, layout, manifest, Arc::clone(&failure));
     Ok(Some(RemoteEnvelope {
         manifest: *m,
+        file_digest,
+        size,
         reader: Box::new(reader),
         chunks,
         failure,
@@ -308,7 +346,9 @@ impl ChunkStream {
             }
         });
         let (first_sender, first_state) = tcg_cas::first_chunk_channel();
-        let mut s = ChunkStream {
+        // No GET before the first frame is asked for: the engine decides
+        // trust from the manifest and the statements first (remote_trust.rs).
+        ChunkStream {
             layout: layout.clone(),
             manifest,
             next: 0,
@@ -319,9 +359,7 @@ impl ChunkStream {
             failed: false,
             first_state: Some(first_state),
             first_sender: Some(first_sender),
-        };
-        s.fill();
-        s
+        }
     }
 
     fn fill(&mut self) {
@@ -355,6 +393,9 @@ impl ChunkStream {
 
     /// The next frame of the stream: `Ok(None)` at its end.
     fn next(&mut self) -> Result<Option<Bytes>, StreamFailure> {
+        if self.next == 0 {
+            self.fill();
+        }
         loop {
             let Some(head) = self.pending.front_mut() else {
                 return Ok(None);

@@ -13,6 +13,7 @@ pub mod config;
 pub mod doctor;
 pub mod fetch;
 pub mod flight;
+pub mod guard;
 pub mod layout;
 pub mod ops;
 pub mod publish;

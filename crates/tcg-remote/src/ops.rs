@@ -16,8 +16,9 @@ use crate::fetch::{read_manifest, read_ref};
 use crate::layout::{host_name, unix_now, RefRecord};
 use crate::Remote;
 
-/// Most objects one listing returns (bounded memory on a hostile bucket).
-pub const MAX_LIST: usize = 1_000_000;
+/// The default of the most objects one operator listing may hold
+/// ([`crate::RemoteConfig::list_cap`]; bounded memory on a hostile bucket).
+pub const MAX_LIST: usize = crate::config::DEFAULT_LIST_CAP;
 
 fn obj(pairs: Vec<(&str, Value)>) -> Value {
     Value::Object(
@@ -39,17 +40,76 @@ fn remote_err(e: RemoteError) -> Error {
     }
 }
 
-/// Every key the remote has a ref for (from the listing of `refs/`).
-pub fn keys(remote: &Remote) -> Result<Vec<String>> {
+/// The error of an operator command whose listing of `folder` failed:
+/// `remote.listing_incomplete` when it could not be completed (too many
+/// names, or a page claiming more without a token), `remote.unavailable`
+/// otherwise. Either way nothing that depends on it was done.
+pub fn listing_failed(command: &str, folder: &str, f: Fail) -> Error {
+    match f {
+        Fail::Incomplete(why) => Error::new(
+            Code::RemoteListingIncomplete,
+            format!(
+                "{command}: the listing of {folder}/ is incomplete ({why}); nothing was changed. \
+                 Delete junk names (fleet fsck lists them) or raise {} and run it again",
+                crate::config::LIST_CAP_ENV
+            ),
+        ),
+        f => Error::new(
+            Code::RemoteUnavailable,
+            format!("{command}: listing {folder}/ failed: {f}; nothing was changed"),
+        ),
+    }
+}
+
+/// One skipped listing entry as a report row (`{"name", "error"}`).
+pub fn skipped_row(e: &crate::guard::SkippedEntry) -> Value {
+    obj(vec![
+        ("name", e.name.as_str().into()),
+        ("error", e.why.as_str().into()),
+    ])
+}
+
+/// Every key the remote has a ref for (from the listing of `refs/`, to its
+/// end), and the names under `refs/` that are not a key's ref (unparseable
+/// names, nested names, names that are not keys): skipped, each with why.
+pub fn keys_listed(
+    remote: &Remote,
+    command: &str,
+) -> Result<(Vec<String>, Vec<crate::guard::SkippedEntry>)> {
     let client = remote.client()?;
     let folder = remote.layout().folder("refs");
     let listed = client
-        .list(&folder, MAX_LIST)
-        .map_err(|f| unavailable("listing refs", f))?;
-    Ok(listed
-        .into_iter()
-        .filter_map(|m| m.location.filename().map(str::to_string))
-        .collect())
+        .list_all(&folder)
+        .map_err(|f| listing_failed(command, "refs", f))?;
+    let mut skipped = listed.skipped;
+    let root = format!("{folder}/");
+    let mut keys = Vec::new();
+    for m in listed.objects {
+        let name = m.location.to_string();
+        let key = name.strip_prefix(&root).unwrap_or(&name);
+        if key.contains('/') || tcg_core::engine::check_key(key).is_err() {
+            skipped.push(crate::guard::SkippedEntry {
+                name: name
+                    .chars()
+                    .take(crate::guard::MAX_SKIPPED_NAME_CHARS)
+                    .collect(),
+                why: "not the ref of a key (refs/<cg-key>)".into(),
+            });
+            continue;
+        }
+        keys.push(key.to_string());
+    }
+    Ok((keys, skipped))
+}
+
+/// Every key the remote has a ref for ([`keys_listed`]); each skipped name
+/// is a warning.
+pub fn keys(remote: &Remote) -> Result<Vec<String>> {
+    let (keys, skipped) = keys_listed(remote, "fleet")?;
+    for e in &skipped {
+        tcg_core::engine::remote_warn(format_args!("refs: skipped {e}"));
+    }
+    Ok(keys)
 }
 
 /// Publish the local records of `keys` to the remote; `progress` is called
@@ -165,7 +225,8 @@ pub fn fsck(remote: &Remote, deep: bool) -> Result<(Value, bool)> {
     let layout = remote.layout();
     let mut bad = Vec::new();
     let mut checked = 0i64;
-    for key in keys(remote)? {
+    let (keys, mut unparseable) = keys_listed(remote, "fleet fsck")?;
+    for key in keys {
         checked += 1;
         let problem = (|| -> std::result::Result<Option<String>, RemoteError> {
             let Some(r) = read_ref(client, layout, &key)? else {
@@ -214,14 +275,27 @@ pub fn fsck(remote: &Remote, deep: bool) -> Result<(Value, bool)> {
             Err(e) => return Err(remote_err(e)),
         }
     }
-    let reports: Vec<Value> = client
-        .list(&layout.folder("reports"), MAX_LIST)
-        .map_err(|f| unavailable("listing reports", f))?
+    let listed = client
+        .list_all(&layout.folder("reports"))
+        .map_err(|f| listing_failed("fleet fsck", "reports", f))?;
+    unparseable.extend(listed.skipped);
+    let reports: Vec<Value> = listed
+        .objects
         .into_iter()
         .map(|m| Value::from(m.location.to_string()))
         .collect();
     let (signatures_checked, bad_signatures) = crate::signatures::fsck_records(client, layout)?;
-    let clean = bad.is_empty() && reports.is_empty() && bad_signatures.is_empty();
+    // Every other folder, for the names its listing cannot parse (one such
+    // name fails no listing, but an operator should delete it).
+    for folder in ["signatures", "manifests", "chunks", "leases"] {
+        let listed = client
+            .list_all(&layout.folder(folder))
+            .map_err(|f| listing_failed("fleet fsck", folder, f))?;
+        unparseable.extend(listed.skipped);
+    }
+    let unparseable: Vec<Value> = unparseable.iter().map(skipped_row).collect();
+    let clean =
+        bad.is_empty() && reports.is_empty() && bad_signatures.is_empty() && unparseable.is_empty();
     Ok((
         obj(vec![
             ("refs_checked", Value::Int(checked)),
@@ -229,6 +303,7 @@ pub fn fsck(remote: &Remote, deep: bool) -> Result<(Value, bool)> {
             ("reports", Value::Array(reports)),
             ("signatures_checked", Value::Int(signatures_checked)),
             ("bad_signatures", Value::Array(bad_signatures)),
+            ("unparseable", Value::Array(unparseable)),
             ("clean", Value::Bool(clean)),
         ]),
         clean,
@@ -238,7 +313,10 @@ pub fn fsck(remote: &Remote, deep: bool) -> Result<(Value, bool)> {
 /// Sweep chunks and manifests no ref reaches and whose `last_modified` is
 /// older than `grace` by the server's clock (FLEET.md §6). Refs are never
 /// removed here. Aborts without sweeping if a ref or manifest cannot be
-/// read (its chunks would look unreachable).
+/// read (its chunks would look unreachable), and if any listing fails or
+/// cannot be completed (`remote.listing_incomplete`): every listing is read
+/// to its end before the first deletion. Names a listing cannot parse are
+/// never deleted (counted in `unparseable`; `fleet fsck` names them).
 pub fn gc(
     remote: &Remote,
     grace: Duration,
@@ -248,7 +326,9 @@ pub fn gc(
     let layout = remote.layout();
     let mut manifests = BTreeSet::new();
     let mut chunks = BTreeSet::new();
-    for key in keys(remote)? {
+    let (keys, skipped) = keys_listed(remote, "fleet gc")?;
+    let mut unparseable = skipped.len();
+    for key in keys {
         let r = read_ref(client, layout, &key).map_err(remote_err)?;
         let Some(r) = r else { continue };
         manifests.insert(layout.manifest(&r.manifest).to_string());
@@ -277,10 +357,11 @@ pub fn gc(
     let cutoff = now - chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX);
     let mut candidates = Vec::new();
     for (folder, keep) in [("manifests", &manifests), ("chunks", &chunks)] {
-        for m in client
-            .list(&layout.folder(folder), MAX_LIST)
-            .map_err(|f| unavailable("listing", f))?
-        {
+        let listed = client
+            .list_all(&layout.folder(folder))
+            .map_err(|f| listing_failed("fleet gc", folder, f))?;
+        unparseable += listed.skipped.len();
+        for m in listed.objects {
             if !keep.contains(&m.location.to_string()) && m.last_modified < cutoff {
                 candidates.push(m);
             }
@@ -301,6 +382,7 @@ pub fn gc(
         ("kept_chunks", Value::Int(chunks.len() as i64)),
         ("freed_objects", Value::Int(freed)),
         ("freed_bytes", Value::Int(freed_bytes)),
+        ("unparseable", Value::Int(unparseable as i64)),
         ("grace_s", Value::Int(grace.as_secs() as i64)),
     ]))
 }
@@ -313,9 +395,15 @@ fn remote_now(remote: &Remote) -> Result<chrono::DateTime<chrono::Utc>> {
         .ok_or_else(|| Error::new(Code::RemoteUnavailable, "cannot read the remote's clock"))
 }
 
-/// Replace the ref of `key` with the local store's record (an operator's
-/// repair of a ref proven bad): chunks and manifest first, then the ref by
-/// `Update(etag)`, so that two repairs cannot both win.
+/// Mend the fleet's copy of `key` from the local store's record (an
+/// operator's repair of what verification proved wrong): the local record
+/// is verified in full first; every chunk and the manifest on the remote
+/// are read back and replaced when their bytes do not hash to their names
+/// (content-addressed: proven wrong); the ref is created when missing and
+/// replaced by `Update(etag)` when it is malformed or names another
+/// manifest (two repairs cannot both win); the local signature records are
+/// written beside it, replacing corrupt ones at their names. Everything
+/// else stays create-only.
 pub fn repair(engine: &Engine, remote: &Remote, key: &str) -> Result<Value> {
     tcg_core::engine::check_key(key)?;
     let client = remote.client()?;
@@ -328,46 +416,76 @@ pub fn repair(engine: &Engine, remote: &Remote, key: &str) -> Result<Value> {
     };
     // Verify the local record fully before it becomes the fleet's.
     let check = tempdir_in(engine)?;
-    engine
-        .resolve(key, &check.join("graph"))?
-        .ok_or_else(|| Error::new(Code::StoreAbsent, format!("{key} does not resolve locally")))?;
+    let resolved = engine.resolve(key, &check.join("graph"));
     let _ = std::fs::remove_dir_all(&check);
+    resolved?
+        .ok_or_else(|| Error::new(Code::StoreAbsent, format!("{key} does not resolve locally")))?;
     let path = layout.graph_ref(key);
     let current = match client.head(&path) {
         Ok(m) => Some(m),
         Err(Fail::NotFound) => None,
         Err(f) => return Err(unavailable("reading the ref", f)),
     };
-    let (published, _) = crate::publish::publish(client, layout, engine.store(), key, &t.digest)
-        .map_err(remote_err)?;
-    if published.outcome != StoreOutcome::Divergent {
-        return Ok(obj(vec![
-            ("key", key.into()),
-            ("outcome", published.outcome.as_str().into()),
-            ("manifest", published.manifest.into()),
-        ]));
-    }
+    let (_, replaced) =
+        crate::publish::upload_objects(client, layout, engine.store(), &t.digest, true)
+            .map_err(remote_err)?;
+    // What the ref names now: `None` when absent; `Some(None)` when it is
+    // proven wrong (unparseable, another key), replaced below.
+    let incumbent: Option<Option<Digest>> = match read_ref(client, layout, key) {
+        Ok(r) => r.map(|r| Some(r.manifest)),
+        Err(RemoteError::Bad { .. }) => Some(None),
+        Err(e) => return Err(remote_err(e)),
+    };
     let record = RefRecord {
         key: key.to_string(),
         manifest: t.digest,
         producer: format!("fleet repair on {}", host_name()),
         created: unix_now(),
     };
-    let etag = current.and_then(|m| m.e_tag).unwrap_or_default();
-    match client.update(&path, Bytes::from(record.to_bytes()), &etag) {
-        Ok(_) => Ok(obj(vec![
-            ("key", key.into()),
-            ("outcome", "REPAIRED".into()),
-            ("manifest", t.digest.to_hex().into()),
-        ])),
-        Err(Fail::Precondition) => Err(Error::new(
-            Code::RemoteConflict,
-            format!(
-                "fleet repair: the ref of {key} changed meanwhile; run it again after checking"
-            ),
-        )),
-        Err(f) => Err(unavailable("replacing the ref", f)),
-    }
+    let outcome = match (incumbent, current) {
+        (Some(Some(m)), _) if m == t.digest => {
+            if replaced > 0 {
+                "REPAIRED"
+            } else {
+                StoreOutcome::Present.as_str()
+            }
+        }
+        (None, _) | (_, None) => {
+            let p = crate::publish::create_ref(client, layout, &record).map_err(remote_err)?;
+            if p.outcome != StoreOutcome::Stored && p.outcome != StoreOutcome::Present {
+                return Err(Error::new(
+                    Code::RemoteConflict,
+                    format!(
+                        "fleet repair: the ref of {key} changed meanwhile; run it again after checking"
+                    ),
+                ));
+            }
+            p.outcome.as_str()
+        }
+        (Some(_), Some(meta)) => {
+            let etag = meta.e_tag.unwrap_or_default();
+            match client.update(&path, Bytes::from(record.to_bytes()), &etag) {
+                Ok(_) => "REPAIRED",
+                Err(Fail::Precondition) => {
+                    return Err(Error::new(
+                        Code::RemoteConflict,
+                        format!(
+                            "fleet repair: the ref of {key} changed meanwhile; run it again after checking"
+                        ),
+                    ))
+                }
+                Err(f) => return Err(unavailable("replacing the ref", f)),
+            }
+        }
+    };
+    let signatures = crate::signatures::push_records(engine, remote, key)?;
+    Ok(obj(vec![
+        ("key", key.into()),
+        ("outcome", outcome.into()),
+        ("manifest", t.digest.to_hex().into()),
+        ("replaced_objects", Value::Int(replaced as i64)),
+        ("signatures", Value::Int(signatures as i64)),
+    ]))
 }
 
 fn tempdir_in(engine: &Engine) -> Result<std::path::PathBuf> {

@@ -130,16 +130,23 @@ pub fn records(
             .collect(),
         None => vec![(layout.signatures_of(key), MAX_RECORDS_PER_KEY)],
     };
+    // On the resolve path: each listing within the metadata timeout, in all.
+    let limit = client.config.timeout;
     for (prefix, cap) in prefixes {
-        let listed = client
-            .list(&prefix, cap + 1)
+        let (listed, complete) = client
+            .list_first(&prefix, cap, limit)
             .map_err(|f| RemoteError::Unavailable(format!("listing signatures: {f}")))?;
-        if listed.len() > cap {
+        if !complete {
             out.skipped.push(format!(
                 "{prefix} holds more than {cap} records; the rest are not read"
             ));
         }
-        for meta in listed.into_iter().take(cap) {
+        for entry in &listed.skipped {
+            out.skipped
+                .push(format!("{prefix}: an unparseable name skipped: {entry}"));
+        }
+        let listed = listed.objects;
+        for meta in listed {
             let Some((k, fp, manifest, named)) = parse_name(layout, &meta.location) else {
                 out.skipped.push(format!(
                     "{} is not a signature record's name",
@@ -167,8 +174,10 @@ pub fn records(
 }
 
 /// Write one record create-only. `Ok(true)`: written; `Ok(false)`: the
-/// same bytes were there. Anything else at the name is never overwritten
-/// (its name is the digest of our bytes, so it is junk): an error.
+/// same bytes were there. Other bytes at the name are proven wrong (the
+/// name is the SHA-256 of our bytes: an overwritten or corrupt record) and
+/// are replaced by a conditional update on their ETag (`push`, `sign` and
+/// `fleet repair` all mend it); anything else is never overwritten.
 pub fn put_record(
     client: &Client,
     layout: &Layout,
@@ -186,16 +195,47 @@ pub fn put_record(
     let path = layout.signature(key, fingerprint_hex, manifest, record);
     match client.create(&path, Bytes::copy_from_slice(record)) {
         Ok(_) => Ok(true),
-        Err(Fail::Exists) => match client.get_small(&path, MAX_RECORD_BYTES) {
-            Ok((b, _)) if b.as_ref() == record => Ok(false),
-            Ok(_) => Err(RemoteError::Bad {
-                manifest: Some(manifest.to_hex()),
-                why: format!("{path} holds other bytes than its name says; left as it is"),
-            }),
-            Err(f) => Err(RemoteError::Unavailable(format!(
-                "reading back a signature record: {f}"
-            ))),
-        },
+        Err(Fail::Exists) => {
+            let meta = match client.head(&path) {
+                Ok(m) => m,
+                Err(f) => {
+                    return Err(RemoteError::Unavailable(format!(
+                        "reading back a signature record: {f}"
+                    )))
+                }
+            };
+            // The incumbent is read only as far as its name allows: more
+            // bytes than a record may have cannot be the record.
+            let same = meta.size == record.len() as u64
+                && match client.get_small(&path, MAX_RECORD_BYTES) {
+                    Ok((b, _)) => b.as_ref() == record,
+                    Err(Fail::NotFound) => false,
+                    Err(f) => {
+                        return Err(RemoteError::Unavailable(format!(
+                            "reading back a signature record: {f}"
+                        )))
+                    }
+                };
+            if same {
+                return Ok(false);
+            }
+            let etag = meta.e_tag.unwrap_or_default();
+            match client.update(&path, Bytes::copy_from_slice(record), &etag) {
+                Ok(_) => Ok(true),
+                // Replaced meanwhile (by another mender, with these bytes, or
+                // by a writer again): what is there now decides.
+                Err(Fail::Precondition) => match client.get_small(&path, MAX_RECORD_BYTES) {
+                    Ok((b, _)) if b.as_ref() == record => Ok(false),
+                    _ => Err(RemoteError::Bad {
+                        manifest: Some(manifest.to_hex()),
+                        why: format!("{path} changed while it was being replaced; run it again"),
+                    }),
+                },
+                Err(f) => Err(RemoteError::Unavailable(format!(
+                    "replacing a corrupt signature record: {f}"
+                ))),
+            }
+        }
         Err(f) => Err(RemoteError::Unavailable(format!(
             "writing a signature record: {f}"
         ))),
@@ -211,7 +251,9 @@ pub fn any_record(
     fingerprints: &[String],
 ) -> Result<bool, Fail> {
     for fp in fingerprints.iter().filter(|fp| is_hex64(fp)) {
-        if !client.list(&layout.signatures_by(key, fp), 1)?.is_empty() {
+        let (listed, _) =
+            client.list_first(&layout.signatures_by(key, fp), 1, client.config.timeout)?;
+        if !listed.objects.is_empty() {
             return Ok(true);
         }
     }
@@ -251,15 +293,10 @@ pub fn mark_records(
     chunks: &mut std::collections::BTreeSet<String>,
 ) -> tcg_core::Result<usize> {
     let listed = client
-        .list(&layout.folder("signatures"), crate::ops::MAX_LIST)
-        .map_err(|f| {
-            tcg_core::Error::new(
-                tcg_core::Code::RemoteUnavailable,
-                format!("listing signatures: {f}"),
-            )
-        })?;
+        .list_all(&layout.folder("signatures"))
+        .map_err(|f| crate::ops::listing_failed("fleet gc", "signatures", f))?;
     let mut named = std::collections::BTreeSet::new();
-    for meta in listed {
+    for meta in listed.objects {
         if let Some((_, _, m, _)) = parse_name(layout, &meta.location) {
             named.insert(m);
         }
@@ -329,15 +366,17 @@ fn record_problem(
 }
 
 /// `fleet fsck`'s check of every signature record. Returns how many were
-/// checked and the bad ones (`{"record", "error"}`).
+/// checked and the bad ones (`{"record", "error"}`); names the listing
+/// could not parse are `fleet fsck`'s `unparseable`.
 pub fn fsck_records(
     client: &Client,
     layout: &Layout,
 ) -> tcg_core::Result<(i64, Vec<tcg_cj::Value>)> {
     let unavailable = |why: String| tcg_core::Error::new(tcg_core::Code::RemoteUnavailable, why);
     let listed = client
-        .list(&layout.folder("signatures"), crate::ops::MAX_LIST)
-        .map_err(|f| unavailable(format!("listing signatures: {f}")))?;
+        .list_all(&layout.folder("signatures"))
+        .map_err(|f| crate::ops::listing_failed("fleet fsck", "signatures", f))?
+        .objects;
     let mut bad = Vec::new();
     for meta in &listed {
         if let Some(why) =

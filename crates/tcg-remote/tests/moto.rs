@@ -474,7 +474,7 @@ fn a_remote_the_doctor_failed_is_used_without_single_flight() {
     assert!(matches!(r.begin_flight(KEY), Flight::Lead(_)));
     // What `fleet doctor` caches for a store whose race let two racers win.
     let dir = PathBuf::from(std::env::var_os("XDG_CACHE_HOME").unwrap())
-        .join("torch-compiled-graphs/fleet-doctor");
+        .join("torch-compiled-graphs-fleet-doctor");
     std::fs::create_dir_all(&dir).unwrap();
     use sha2::Digest as _;
     let name = hex::encode(sha2::Sha256::digest(url.as_bytes()));

@@ -81,7 +81,13 @@ pub trait EnvelopeStream: Send {
 pub struct RemoteEnvelope {
     /// The remote manifest the ref names (SHA-256 checked).
     pub manifest: Digest,
-    /// The envelope's bytes.
+    /// The file digest that manifest states (not yet proven: the stream and
+    /// the local manifest prove it), for decisions made before any chunk
+    /// is fetched (a signature statement about another envelope).
+    pub file_digest: Digest,
+    /// The file length that manifest states.
+    pub size: u64,
+    /// The envelope's bytes; no chunk is requested before its first frame.
     pub reader: Box<dyn EnvelopeStream>,
     /// The chunks `reader` checks its bytes against (digest and length),
     /// each before handing out its last frame: the remote manifest's list.

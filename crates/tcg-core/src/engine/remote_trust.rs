@@ -88,6 +88,8 @@ struct Candidate {
     /// subject); `None` when none does.
     trusted_time: Option<i64>,
     refusal: Option<tcg_trust::TrustError>,
+    /// The envelope digests (hex) the verified statements are about.
+    envelopes: std::collections::BTreeSet<String>,
 }
 
 impl Engine {
@@ -186,7 +188,9 @@ impl Engine {
                 entries: Vec::new(),
                 trusted_time: None,
                 refusal: None,
+                envelopes: Default::default(),
             });
+            c.envelopes.insert(v.statement.envelope_sha256.clone());
             match policy.trust(&v, now) {
                 Ok(_) => {
                     let t = v.statement.time;
@@ -232,6 +236,23 @@ impl Engine {
                     continue;
                 }
             };
+            // Decided from the manifest before any chunk is fetched: records
+            // about another envelope (a genuine record copied under this
+            // manifest's name) cannot admit it.
+            if !candidates[&m]
+                .envelopes
+                .contains(&envelope.file_digest.to_hex())
+            {
+                let e = Error::from_trust(tcg_trust::TrustError::StatementMismatch(format!(
+                    "the records filed under manifest {} are about another envelope than \
+                     the one it states ({}); nothing was fetched",
+                    m.to_hex(),
+                    envelope.file_digest.to_hex()
+                )));
+                self.refuse(key, &format!("candidate {}", m.to_hex()), &e);
+                refused = Some(e);
+                continue;
+            }
             let entries = &candidates[&m].entries;
             match self.ingest_remote(remote, key, envelope, Some(entries), members) {
                 Fetched::Published => return Fetched::Published,
