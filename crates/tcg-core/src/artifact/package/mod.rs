@@ -8,6 +8,7 @@
 pub mod cubin;
 pub mod elf;
 pub mod loadable;
+pub mod native_calls;
 pub mod wrapper;
 
 use std::cell::Cell;
@@ -27,6 +28,7 @@ use crate::artifact::metadata::{ConstantRow, Metadata};
 use crate::error::{Code, Error, Result};
 
 pub use elf::{expected_e_machine, parse_elf, ElfInfo};
+pub use native_calls::{scan_native_calls, UnsupportedCall};
 pub use wrapper::{parse_wrapper, parse_wrapper_text, WrapperConstant, WrapperTable};
 
 /// The prefix of zip, wrapper and ELF failures.
@@ -457,6 +459,40 @@ pub struct PackageReport {
 fn read_wrapper(pkg: &mut Package, member: &str) -> Result<WrapperTable> {
     let bytes = pkg.read_bounded(member, MAX_WRAPPER_BYTES)?;
     parse_wrapper(&bytes).map_err(|e| e.context(format_args!("{PACKAGE_PREFIX}: {member}")))
+}
+
+/// Largest extern-kernel table (`*.json` beside the wrapper) read to name
+/// the operators of proxy calls (16 MiB).
+pub const MAX_EXTERN_TABLE_BYTES: u64 = 16 << 20;
+
+/// The calls of the entry's wrapper (the text `wrapper`, already read) that
+/// the native path cannot make, named from the entry's extern-kernel table
+/// when the package has one (read bounded; a table over the bound or
+/// unreadable names nothing, the calls are still found).
+pub fn entry_native_calls(
+    pkg: &mut Package,
+    members: &EntryMembers,
+    wrapper: &str,
+) -> Vec<UnsupportedCall> {
+    let table = native_calls::extern_table_member(&members.wrapper, pkg.names())
+        .cloned()
+        .and_then(|name| pkg.read_bounded(&name, MAX_EXTERN_TABLE_BYTES).ok());
+    scan_native_calls(wrapper, table.as_deref())
+}
+
+/// The native-unsupported calls of a package with exactly one entry (for
+/// mint, before the metadata exists).
+pub fn package_native_calls(path: &Path) -> Result<Vec<UnsupportedCall>> {
+    let mut pkg = Package::open(path)?;
+    let members = pkg.entry_members(None)?;
+    let bytes = pkg.read_bounded(&members.wrapper, MAX_WRAPPER_BYTES)?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| {
+        Error::new(
+            Code::ArtifactWrapperParse,
+            format!("{PACKAGE_PREFIX}: {} is not UTF-8", members.wrapper),
+        )
+    })?;
+    Ok(entry_native_calls(&mut pkg, &members, text))
 }
 
 /// The constant table of a package with exactly one entry, as manifest rows
