@@ -138,6 +138,10 @@ fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
             Some(lines) if !lines.is_none() => Some(lines.extract()?),
             _ => None,
         },
+        parity: match d.get_item("parity")? {
+            Some(p) if !p.is_none() => Some(json(&p, "parity")?),
+            _ => None,
+        },
     })
 }
 

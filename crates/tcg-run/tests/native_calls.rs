@@ -32,11 +32,12 @@ fn doctored(dir: &Path, table: Option<&str>) -> PathBuf {
         &mut |_: &Metadata| Ok(()),
     )
     .unwrap();
-    let mut input = zip::ZipArchive::new(std::fs::File::open(graph.join("model.pt2")).unwrap()).unwrap();
+    let mut input =
+        zip::ZipArchive::new(std::fs::File::open(graph.join("model.pt2")).unwrap()).unwrap();
     let out_path = dir.join(format!("doctored-{}.pt2", table.is_some()));
     let mut out = zip::ZipWriter::new(std::fs::File::create(&out_path).unwrap());
-    let stored = zip::write::SimpleFileOptions::default()
-        .compression_method(zip::CompressionMethod::Stored);
+    let stored =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
     let mut spliced = false;
     for i in 0..input.len() {
         let mut member = input.by_index(i).unwrap();
@@ -49,7 +50,8 @@ fn doctored(dir: &Path, table: Option<&str>) -> PathBuf {
             let line_end = at + text[at..].find('\n').unwrap() + 1;
             bytes = format!("{}{CALL}{}", &text[..line_end], &text[line_end..]).into_bytes();
             if let Some(table) = table {
-                out.start_file(format!("{stem}.wrapper.json"), stored).unwrap();
+                out.start_file(format!("{stem}.wrapper.json"), stored)
+                    .unwrap();
                 out.write_all(table.as_bytes()).unwrap();
             }
             spliced = true;
@@ -93,9 +95,16 @@ fn a_proxy_executor_call_is_refused_before_anything_is_extracted() {
     let plain = extract(&graph.join("model.pt2"), ENTRY, None).expect("the plain package extracts");
     assert!(plain.shared_object().is_file());
     drop(plain);
-    assert_eq!(native_dirs(&tmp), 0, "the plain extraction is removed when dropped");
+    assert_eq!(
+        native_dirs(&tmp),
+        0,
+        "the plain extraction is removed when dropped"
+    );
 
-    for (table, named) in [(Some(TABLE), "tcgprobe::twice ×1"), (None, "extern kernel 0 ×1")] {
+    for (table, named) in [
+        (Some(TABLE), "tcgprobe::twice ×1"),
+        (None, "extern kernel 0 ×1"),
+    ] {
         let package = doctored(dir.path(), table);
         let Err(err) = extract(&package, ENTRY, None) else {
             panic!("a proxy call must be refused ({table:?})");
@@ -103,7 +112,10 @@ fn a_proxy_executor_call_is_refused_before_anything_is_extracted() {
         assert_eq!(err.code(), Code::RunNativeUnsupported, "{err}");
         let message = err.to_string();
         assert!(message.contains(named), "{message}");
-        assert!(message.contains("aoti_torch_proxy_executor_call_function"), "{message}");
+        assert!(
+            message.contains("aoti_torch_proxy_executor_call_function"),
+            "{message}"
+        );
         assert!(message.contains("use load()"), "{message}");
         // Refused before the private directory exists: nothing was extracted.
         assert_eq!(native_dirs(&tmp), 0, "nothing was extracted for {table:?}");

@@ -12,6 +12,8 @@ use super::{
 };
 use crate::artifact::literals::{write_payload, LiteralTensor};
 use crate::artifact::metadata::build_metadata;
+use crate::artifact::package::mint_record::{build_mint_record, write_with_record};
+use crate::artifact::package::package_native_calls;
 use crate::artifact::{pack, parse_constant_table, Metadata};
 use crate::host_isa::HostIsa;
 use crate::identity::{toolchain_axis, validate_toolchain_block, GraphClassDeclaration};
@@ -39,6 +41,10 @@ pub struct MintOutput {
     /// The canonical lines behind the declaration's graph witness, kept for
     /// explaining later misses (`None` when the caller has none).
     pub witness_lines: Option<Vec<String>>,
+    /// The parity figures of the mint (the `parity` block of the mint
+    /// record, docs/engine.md "Parity at mint"); `None` when the caller did
+    /// not check parity.
+    pub parity: Option<Value>,
 }
 
 fn plan_mismatches(md: &Metadata, plan: &MintOutput, key: &str) -> Vec<&'static str> {
@@ -239,9 +245,15 @@ impl Engine {
             })?;
             Some(path)
         };
+        // The mint record rides in the package (docs/FORMAT.md, "The mint
+        // record"): what the native path cannot run, and the parity figures.
+        let calls = package_native_calls(&plan.package)?;
+        let record = build_mint_record(plan.parity.as_ref(), &calls)?;
+        let package = work.path().join(crate::artifact::PACKAGE_MEMBER);
+        write_with_record(&plan.package, &package, &record)?;
         let envelope = work.path().join(crate::artifact::ENVELOPE_FILE_NAME);
         pack(
-            &plan.package,
+            &package,
             &Value::Object(metadata.value().clone()),
             payload.as_deref(),
             &envelope,

@@ -103,6 +103,7 @@ pub fn reference_mint(dir: &Path) -> MintOutput {
         declaration: r.declaration,
         literals: vec![],
         witness_lines: None,
+        parity: None,
     }
 }
 

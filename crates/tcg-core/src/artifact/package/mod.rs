@@ -8,6 +8,7 @@
 pub mod cubin;
 pub mod elf;
 pub mod loadable;
+pub mod mint_record;
 pub mod native_calls;
 pub mod wrapper;
 
@@ -28,6 +29,7 @@ use crate::artifact::metadata::{ConstantRow, Metadata};
 use crate::error::{Code, Error, Result};
 
 pub use elf::{expected_e_machine, parse_elf, ElfInfo};
+pub use mint_record::{package_mint_record, read_mint_record, MintRecord};
 pub use native_calls::{scan_native_calls, UnsupportedCall};
 pub use wrapper::{parse_wrapper, parse_wrapper_text, WrapperConstant, WrapperTable};
 
@@ -444,7 +446,7 @@ pub struct EntryMembers {
 }
 
 /// What package verification found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PackageReport {
     /// The entry's members.
     pub members: EntryMembers,
@@ -454,6 +456,9 @@ pub struct PackageReport {
     pub e_machine: u16,
     /// Total `.lrodata` bytes of the `.so`.
     pub lrodata_bytes: u64,
+    /// The mint record, when the package carries one (checked against the
+    /// wrapper).
+    pub mint_record: Option<MintRecord>,
 }
 
 fn read_wrapper(pkg: &mut Package, member: &str) -> Result<WrapperTable> {
@@ -556,6 +561,18 @@ fn verify_opened_facts(
     for member in &members.cubins {
         inflated = inflated.saturating_add(pkg.bounded_size(member, MAX_CUBIN_BYTES)?);
     }
+    let record_name = mint_record::record_member(pkg.names())?;
+    let has_record = pkg.names().contains(&record_name);
+    if has_record {
+        inflated = inflated.saturating_add(
+            pkg.bounded_size(&record_name, mint_record::MAX_MINT_RECORD_BYTES)
+                .map_err(|e| e.rewrap(Code::ArtifactMintRecordInvalid, "mint record"))?,
+        );
+        if let Some(table) = native_calls::extern_table_member(&members.wrapper, pkg.names()) {
+            let table = table.clone();
+            inflated = inflated.saturating_add(pkg.bounded_size(&table, MAX_EXTERN_TABLE_BYTES)?);
+        }
+    }
     if inflated > inflation_cap(pkg.file_len()) {
         return Err(Error::new(
             Code::ArtifactInflationRatio,
@@ -565,7 +582,34 @@ fn verify_opened_facts(
             ),
         ));
     }
-    let table = read_wrapper(&mut pkg, &members.wrapper)?;
+    let wrapper_bytes = pkg.read_bounded(&members.wrapper, MAX_WRAPPER_BYTES)?;
+    let table = parse_wrapper(&wrapper_bytes)
+        .map_err(|e| e.context(format_args!("{PACKAGE_PREFIX}: {}", members.wrapper)))?;
+    let mint_record = if has_record {
+        let record = read_mint_record(&mut pkg)?;
+        if let Some(r) = &record {
+            // parse_wrapper accepted the bytes, so they are UTF-8.
+            let text = std::str::from_utf8(&wrapper_bytes).unwrap_or_default();
+            let scanned = entry_native_calls(&mut pkg, &members, text);
+            if scanned != r.unsupported_calls {
+                return Err(Error::new(
+                    Code::ArtifactMintRecordInvalid,
+                    format!(
+                        "mint record lists unsupported calls {:?}, the wrapper makes {:?}",
+                        r.unsupported_calls
+                            .iter()
+                            .map(|c| c.describe())
+                            .collect::<Vec<_>>(),
+                        scanned.iter().map(|c| c.describe()).collect::<Vec<_>>()
+                    ),
+                ));
+            }
+        }
+        record
+    } else {
+        None
+    };
+    drop(wrapper_bytes);
     if table.rows() != constants {
         return Err(Error::new(
             Code::ArtifactConstantsMismatch,
@@ -656,6 +700,7 @@ fn verify_opened_facts(
         table,
         e_machine: info.machine,
         lrodata_bytes: lrodata,
+        mint_record,
     })
 }
 

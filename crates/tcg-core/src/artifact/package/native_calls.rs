@@ -152,8 +152,7 @@ fn scan_counted(wrapper: &str, targets: &[Option<String>]) -> (Vec<UnsupportedCa
             };
             let target = if name == PROXY_EXECUTOR_CALL {
                 let index = proxy_index(s, open);
-                match index.and_then(|i| targets.get(usize::try_from(i).ok()?).cloned().flatten())
-                {
+                match index.and_then(|i| targets.get(usize::try_from(i).ok()?).cloned().flatten()) {
                     Some(t) => t,
                     None => match index {
                         Some(i) => format!("extern kernel {i}"),
@@ -233,7 +232,10 @@ mod tests {
 
     #[test]
     fn a_proxy_call_is_named_from_the_extern_kernel_table() {
-        let text = format!("void run() {{\n{PROXY}{}}}\n", PROXY.replace(", 0, 0,", ", 1, 0,"));
+        let text = format!(
+            "void run() {{\n{PROXY}{}}}\n",
+            PROXY.replace(", 0, 0,", ", 1, 0,")
+        );
         let text = format!("{text}{PROXY}");
         assert_eq!(
             scan_native_calls(&text, Some(TABLE)),
@@ -313,9 +315,12 @@ mod tests {
             Some(&names[1]),
             "torch 2.15's name"
         );
-        let older: Vec<String> = ["model/data/aotinductor/g/abc.wrapper.cpp", "model/data/aotinductor/g/abc.json"]
-            .map(String::from)
-            .to_vec();
+        let older: Vec<String> = [
+            "model/data/aotinductor/g/abc.wrapper.cpp",
+            "model/data/aotinductor/g/abc.json",
+        ]
+        .map(String::from)
+        .to_vec();
         assert_eq!(extern_table_member(&older[0], &older), Some(&older[1]));
         assert_eq!(extern_table_member(&older[0], &older[..1]), None);
     }
@@ -343,10 +348,14 @@ mod tests {
                 let text = unit.repeat(n);
                 let work = native_calls_scan_work(&text);
                 assert!(
-                    work <= 2 * text.len() as u64 + ARGUMENT_WINDOW as u64 * (text.len() / 26 + 1) as u64,
+                    work <= 2 * text.len() as u64
+                        + ARGUMENT_WINDOW as u64 * (text.len() / 26 + 1) as u64,
                     "{unit:?} × {n}: work {work}"
                 );
-                assert!(work <= 24 * text.len() as u64, "{unit:?} × {n}: work {work}");
+                assert!(
+                    work <= 24 * text.len() as u64,
+                    "{unit:?} × {n}: work {work}"
+                );
             }
         }
     }
