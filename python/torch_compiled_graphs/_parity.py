@@ -144,10 +144,11 @@ def _compare(path: str, expected: Any, actual: Any) -> tuple[dict[str, Any] | No
     err = float(diff.reshape(-1)[worst])
     bound = float(allowed.reshape(-1)[worst])
     bad = int((excess > 0).sum())
+    pick = complex if e.is_complex() else float
+    eager_value, compiled_value = pick(ef.reshape(-1)[worst]), pick(af.reshape(-1)[worst])
     return leaf, (
         f"output {path or '<root>'} ({dtype}{shape}): max abs error {err:.6g} exceeds the allowed {bound:.6g} "
-        f"at element {at} (eager {complex(ef.reshape(-1)[worst]) if e.is_complex() else float(ef.reshape(-1)[worst]):.6g}, "
-        f"compiled {complex(af.reshape(-1)[worst]) if e.is_complex() else float(af.reshape(-1)[worst]):.6g}; "
+        f"at element {at} (eager {eager_value:.6g}, compiled {compiled_value:.6g}; "
         f"allowed = atol {atol:g} x scale {scale:.6g} + rtol {rtol:g} x |eager|); "
         f"{bad} of {numel} elements outside; max abs error over the leaf {max_abs:.6g}, max rel error {rel_max:.6g}"
     )
