@@ -8,7 +8,7 @@ set -u
 secs=${1:?seconds}
 out=${2:?outdir}
 cd "$(dirname "$0")/.."
-targets="envelope_reader metadata wrapper elf wrapper_scan input_checks"
+targets="envelope_reader metadata wrapper elf wrapper_scan input_checks native_calls"
 mkdir -p "$out" fuzz-bin/corpus
 if [ -f fuzz-bin/corpus.tar.gz ]; then tar xzf fuzz-bin/corpus.tar.gz -C fuzz-bin/corpus; fi
 # Package seeds: the model.pt2 of the small corpus envelopes (the reference
@@ -29,6 +29,7 @@ seed() {
     elf) echo fuzz-bin/seeds-elf ;;
     wrapper_scan) echo fuzz-bin/seeds-package ;;
     input_checks) echo fuzz/seeds/input_checks ;;
+    native_calls) echo fuzz/seeds/native_calls ;;
   esac
 }
 for t in $targets; do
