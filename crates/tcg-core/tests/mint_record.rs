@@ -31,9 +31,12 @@ fn parity() -> Value {
     tcg_cj::parse_strict(br#"{"inputs":"example_inputs","leaves":[{"atol":0.0001,"dtype":"float32","max_abs_diff":1.1920928955078125e-07,"max_rel_diff":2.0e-07,"numel":32,"path":"","rtol":0.0001,"scale":1.5,"shape":[4,8]}],"status":"passed"}"#).unwrap()
 }
 
+/// Members to write in place of one: (name, bytes).
+type Members = Vec<(String, Vec<u8>)>;
+
 /// Rewrite the zip at `from` into `to`, member by member, through `edit`
 /// (name, bytes) -> members to write instead.
-fn rewrite(from: &Path, to: &Path, edit: &mut dyn FnMut(&str, Vec<u8>) -> Vec<(String, Vec<u8>)>) {
+fn rewrite(from: &Path, to: &Path, edit: &mut dyn FnMut(&str, Vec<u8>) -> Members) {
     let mut input = zip::ZipArchive::new(std::fs::File::open(from).unwrap()).unwrap();
     let mut out = zip::ZipWriter::new(std::fs::File::create(to).unwrap());
     let stored =

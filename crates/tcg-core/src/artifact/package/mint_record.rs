@@ -131,7 +131,7 @@ fn check_parity(v: &Value) -> Result<()> {
             }
         }
         let dims_ok = matches!(&l["shape"], Value::Array(d) if d.iter().all(|x| x.as_i64().is_some_and(|n| n >= 0)));
-        if !dims_ok || !l["numel"].as_i64().is_some_and(|n| n >= 0) {
+        if !dims_ok || l["numel"].as_i64().is_none_or(|n| n < 0) {
             return Err(invalid(format!(
                 "parity.leaves[{i}] shape and numel must be integers >= 0"
             )));
