@@ -120,4 +120,43 @@ fn a_proxy_executor_call_is_refused_before_anything_is_extracted() {
         // Refused before the private directory exists: nothing was extracted.
         assert_eq!(native_dirs(&tmp), 0, "nothing was extracted for {table:?}");
     }
+
+    // The Rust serving path: the doctored package packed with the reference
+    // metadata, imported into a real store, resolved and refused by Served.
+    let again = dir.path().join("again");
+    std::fs::create_dir(&again).unwrap();
+    let package = doctored(&again, Some(TABLE));
+    let envelope = dir.path().join("doctored.tar.gz");
+    let md =
+        tcg_core::artifact::read_metadata(&root().join("testdata/reference-0.2.0/mlp-cpu.tar.gz"))
+            .unwrap();
+    tcg_core::artifact::pack(
+        &package,
+        &tcg_cj::Value::Object(md.value().clone()),
+        None,
+        &envelope,
+    )
+    .unwrap();
+    let store = dir.path().join("store");
+    tcg_core::engine::Engine::open(&store)
+        .unwrap()
+        .import_artifact(md.key(), &envelope)
+        .unwrap();
+    let torch_lib = std::env::var_os("TCG_TORCH_LIB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/lib/python3.11/site-packages/torch/lib"));
+    let served = tcg_run::Served::open(
+        &store,
+        md.key(),
+        &dir.path().join("served"),
+        &torch_lib,
+        "cpu",
+        &root().join("testdata/reference-0.2.0/mlp-cpu.weights.safetensors"),
+    );
+    let Err(err) = served else {
+        panic!("Served must refuse the graph");
+    };
+    assert_eq!(err.code(), Code::RunNativeUnsupported, "{err}");
+    assert!(err.to_string().contains("tcgprobe::twice ×1"), "{err}");
+    assert_eq!(native_dirs(&tmp), 0, "Served extracted nothing");
 }
