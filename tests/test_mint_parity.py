@@ -275,3 +275,10 @@ def test_a_dtype_or_shape_difference_is_a_failure() -> None:
     assert "compiled is float64" in str(_leaf(e, e.double())[1])
     assert "compiled is float32[4]" in str(_leaf(e, e.reshape(4))[1])
     assert _leaf(torch.zeros(0, 3), torch.zeros(0, 3))[1] is None
+
+
+def test_a_scalar_output_compares_by_value() -> None:
+    assert _parity._compare("[1]", 3, torch.tensor(3))[1] is None
+    assert _parity._compare("[1]", 3, 3)[1] is None
+    assert "eager 3, compiled 4" in str(_parity._compare("[1]", 3, 4)[1])
+    assert _parity._compare("[1]", 3, torch.tensor([3, 3]))[1] is not None

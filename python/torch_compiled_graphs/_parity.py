@@ -106,8 +106,10 @@ def _compare(path: str, expected: Any, actual: Any) -> tuple[dict[str, Any] | No
     import torch
 
     if not isinstance(expected, torch.Tensor):
-        same = not isinstance(actual, torch.Tensor) and expected == actual
-        return None, None if same else f"output {path or '<root>'}: eager {expected!r}, compiled {actual!r}"
+        # A scalar output may come back from the compiled graph as a 0-d tensor.
+        got = actual.item() if isinstance(actual, torch.Tensor) and actual.dim() == 0 else actual
+        equal = not isinstance(got, torch.Tensor) and bool(expected == got)
+        return None, None if equal else f"output {path or '<root>'}: eager {expected!r}, compiled {actual!r}"
     if not isinstance(actual, torch.Tensor):
         return None, f"output {path or '<root>'}: eager is a tensor, compiled is {type(actual).__qualname__}"
     dtype = str(expected.dtype).removeprefix("torch.")
@@ -231,10 +233,6 @@ def check_parity(program: Any, package: str | os.PathLike[str], entry: str) -> d
             f"{type(exc).__name__}: {exc}",
             "mint.parity_failed",
         ) from exc
-    finally:
-        for name, (source, value) in saved.items():
-            with torch.no_grad():
-                source[name].copy_(value)
 
     leaves_with_path, _ = tree_flatten_with_path(eager)
     if len(leaves_with_path) != len(compiled):
