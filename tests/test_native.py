@@ -297,3 +297,49 @@ def test_a_minted_dynamic_batch_graph_runs_natively_within_its_ingress(
         np.testing.assert_allclose(np.asarray(native(x)), expected, rtol=1e-4, atol=1e-4)
     refused("run.input_mismatch", native, np.zeros((17, cfg["seq"], cfg["dim"]), np.float32))
     refused("run.input_mismatch", native, np.zeros((2, cfg["seq"] + 1, cfg["dim"]), np.float32))
+
+
+def test_a_graph_with_a_proxy_executor_call_is_refused_before_loading(tmp_path: Path) -> None:
+    """The reference artifact re-packed with one proxy-executor call (the form torch 2.15 emits for a
+    ``torch.library`` op without a C shim) spliced into its wrapper: resolve serves it, ``load_native``
+    refuses it up front with ``run.native_unsupported`` and says to use ``load()``; no compile needed."""
+    import json
+    import tarfile
+    import zipfile
+
+    from torch_compiled_graphs import _native
+
+    from .conftest import REFERENCE_WEIGHTS, resolve_reference
+
+    with tarfile.open(REFERENCE / "mlp-cpu.tar.gz") as tar:
+        tar.extractall(tmp_path / "members", filter="data")
+    call = (
+        "    AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_proxy_executor_call_function(proxy_executor, 0, 0, "
+        "std::array<int64_t, 0>{}.data(), 2, std::array<AtenTensorHandle, 2>{buf0, buf1}.data()));\n"
+    )
+    table = json.dumps({"nodes": [{"name": "buf1", "node": {"target": "mylib::scale", "inputs": [], "outputs": []}}]})
+    doctored = tmp_path / "model.pt2"
+    with zipfile.ZipFile(tmp_path / "members" / "model.pt2") as src, zipfile.ZipFile(doctored, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith(".wrapper.cpp"):
+                text = data.decode()
+                at = text.index("\n", text.index("AOTIProxyExecutorHandle proxy_executor")) + 1
+                data = (text[:at] + call + text[at:]).encode()
+                dst.writestr(info.filename.removesuffix(".cpp") + ".json", table)
+            dst.writestr(info, data)
+    metadata = json.loads((tmp_path / "members" / "metadata.json").read_text())
+    envelope = tmp_path / "doctored.tar.gz"
+    _native.artifact_pack(str(doctored), metadata, None, str(envelope))
+    engine = Engine(tmp_path / "store")
+    engine.import_artifact(REFERENCE_KEY, envelope)
+    graph = engine.resolve(REFERENCE_KEY, tmp_path / "graph")
+    assert graph is not None
+    want = [{"call": "aoti_torch_proxy_executor_call_function", "count": 1, "target": "mylib::scale"}]
+    assert graph.native_unsupported_calls == want
+    assert graph.mint_record is None  # packed, not minted: no record
+    err = refused("run.native_unsupported", graph.load_native, REFERENCE_WEIGHTS)
+    assert "mylib::scale" in str(err) and "use load()" in str(err)
+    # The untouched reference artifact scans clean.
+    plain = resolve_reference(tmp_path / "plain")
+    assert plain.native_unsupported_calls == [] and plain.mint_record is None

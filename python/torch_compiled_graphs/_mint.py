@@ -2,8 +2,10 @@
 
 The native engine calls :func:`mint_for_engine` at most once per miss, while
 it holds the key's single-flight lock. This function runs the caller's recipe,
-the runtime checks and the sole compile policy, and hands back plain data: the
-package, the declaration, the runtime facts and the literal values. Packing,
+the runtime checks, the sole compile policy and the parity check (the compiled
+graph against the exported program on its example inputs), and hands back
+plain data: the package, the declaration, the runtime facts, the literal
+values and the parity figures. Packing,
 verification and publication happen in the native core.
 """
 
@@ -14,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from . import _parity
 from .errors import AdmissionError, DeclarationError
 
 
@@ -52,6 +55,12 @@ def mint_for_engine(
         (fqn, str(t.dtype).removeprefix("torch."), [int(d) for d in t.shape], tensor_bytes(t))
         for fqn, t in tensors.items()
     ]
+    # Never publish a wrong graph: the compiled graph against the exported program, once, on
+    # the program's example inputs (docs/engine.md, "Parity at mint").
+    parity = _parity.check_parity(spec.program, package, declaration.graph_class)
+    # The parity runs may not change the program either (its literal values, its graph).
+    if spec.declare() != declaration:
+        raise AdmissionError("exported program changed during the parity check", "admission.program_mutated")
     return {
         "package": os.fspath(package),
         "declaration": declaration.to_dict(),
@@ -63,6 +72,8 @@ def mint_for_engine(
         "witness_lines": canonical_lines(spec.program),
         # The weights contract's facts, written into the package annex.
         "weights": weight_facts(spec.program, list(declaration.graph["constant_fqns"])),
+        # The parity block of the mint record (in the package, not in the metadata or the key).
+        "parity": parity,
     }
 
 

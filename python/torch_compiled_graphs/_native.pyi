@@ -47,6 +47,8 @@ __all__ = [
     "literal_digest",
     "package_check_torch_loader",
     "package_constant_table",
+    "package_mint_record",
+    "package_native_calls",
     "package_plan_binding",
     "package_weights_contract",
     "render_explanation",
@@ -175,6 +177,8 @@ def package_weights_contract(package: str, metadata: Mapping[str, Any]) -> dict[
 def package_plan_binding(package: str, metadata: Mapping[str, Any], names: list[str]) -> dict[str, Any]: ...
 def package_check_torch_loader(package: str, entry: str) -> None: ...
 def checkpoint_files(path: str) -> list[tuple[str, list[str] | None]]: ...
+def package_mint_record(package: str) -> dict[str, Any] | None: ...
+def package_native_calls(package: str) -> list[dict[str, Any]]: ...
 
 @final
 class NativeModel:

@@ -338,6 +338,29 @@ class StoredCompiledGraph(_Record):
         """The package's constant rows (fqn, source, dtype, shape), in table order."""
         return list(self.metadata["graph_class"]["constants"])
 
+    @property
+    def mint_record(self) -> dict[str, Any] | None:
+        """What the mint measured and found, or ``None`` for a graph minted without one (0.2.0).
+
+        ``{"format", "native": {"unsupported_calls": [...]}, "parity": {...}}``,
+        read from the package (``model/extra/tcg-mint.json``, docs/FORMAT.md
+        "The mint record"), verified against the wrapper when the artifact was
+        resolved. Not part of the metadata or the key.
+        """
+        record: dict[str, Any] | None = _native.package_mint_record(os.fspath(self.package))
+        return record
+
+    @property
+    def native_unsupported_calls(self) -> list[dict[str, Any]]:
+        """Calls of the compiled code the native path cannot make (``[{call, count, target}]``).
+
+        Scanned from the package's wrapper now, so a graph minted without a
+        record is covered too; a non-empty list means :meth:`load_native`
+        refuses the graph (``run.native_unsupported``) and :meth:`load` runs it.
+        """
+        calls: list[dict[str, Any]] = _native.package_native_calls(os.fspath(self.package))
+        return calls
+
 
 def _remote_publication(raw: dict[str, str] | None) -> dict[str, str] | None:
     """The native remote verdict with its outcome as a :class:`StoreOutcome` (a ``str``

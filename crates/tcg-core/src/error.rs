@@ -149,6 +149,9 @@ codes! {
     ArtifactCubinArchMismatch => Artifact, "artifact.cubin_arch_mismatch";
     ArtifactLiteralPayload => Artifact, "artifact.literal_payload";
     ArtifactLiteralDigestMismatch => Artifact, "artifact.literal_digest_mismatch";
+    /// The package's mint record (`<root>/extra/tcg-mint.json`) is malformed or
+    /// disagrees with the package (docs/FORMAT.md, "The mint record").
+    ArtifactMintRecordInvalid => Artifact, "artifact.mint_record_invalid";
 
     CompileHostPolicy => Compile, "compile.host_policy";
     CompileProgramInvalid => Compile, "compile.program_invalid";
@@ -156,6 +159,13 @@ codes! {
     CompileFailed => Compile, "compile.failed";
     CompileResultInvalid => Compile, "compile.result_invalid";
     CompilePackageFailed => Compile, "compile.package_failed";
+    /// The compiled graph's outputs on the program's example inputs differ
+    /// from the exported program's beyond the dtype's tolerance; nothing is
+    /// published (docs/engine.md, "Parity at mint").
+    MintParityFailed => Compile, "mint.parity_failed";
+    /// The parity check cannot run: the program has no example inputs, or
+    /// the compiled graph cannot be loaded or run on them.
+    MintParityUnavailable => Compile, "mint.parity_unavailable";
 
     StoreKeyInvalid => Storage, "store.key_invalid";
     StoreKeyMismatch => Storage, "store.key_mismatch";

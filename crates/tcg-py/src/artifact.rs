@@ -22,6 +22,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(package_weights_contract, m)?)?;
     m.add_function(wrap_pyfunction!(package_plan_binding, m)?)?;
     m.add_function(wrap_pyfunction!(package_check_torch_loader, m)?)?;
+    m.add_function(wrap_pyfunction!(package_mint_record, m)?)?;
+    m.add_function(wrap_pyfunction!(package_native_calls, m)?)?;
     m.add("ENVELOPE_FILE_NAME", artifact::ENVELOPE_FILE_NAME)?;
     m.add("METADATA_MEMBER", artifact::METADATA_MEMBER)?;
     m.add("PACKAGE_MEMBER", artifact::PACKAGE_MEMBER)?;
@@ -229,4 +231,27 @@ fn package_plan_binding<'py>(
 fn package_check_torch_loader(py: Python<'_>, package: PathBuf, entry: String) -> PyResult<()> {
     py.detach(|| artifact::package::check_torch_loader(&package, &entry))
         .py()
+}
+
+/// The package's mint record (validated), or `None` when it has none
+/// (artifacts minted before the record, 0.2.0 among them).
+#[pyfunction]
+fn package_mint_record(py: Python<'_>, package: PathBuf) -> PyResult<Bound<'_, PyAny>> {
+    let record = py
+        .detach(|| artifact::package::package_mint_record(&package))
+        .py()?;
+    match record {
+        Some(r) => from_value(py, &Value::Object(r.value)),
+        None => Ok(py.None().into_bound(py)),
+    }
+}
+
+/// The calls of the package's wrapper the native path cannot make, scanned
+/// now: `[{call, count, target}]`.
+#[pyfunction]
+fn package_native_calls(py: Python<'_>, package: PathBuf) -> PyResult<Bound<'_, PyAny>> {
+    let calls = py
+        .detach(|| artifact::package::package_native_calls(&package))
+        .py()?;
+    from_value(py, &artifact::package::native_calls::calls_value(&calls))
 }

@@ -142,6 +142,10 @@ fn mint_output(obj: &Bound<'_, PyAny>) -> PyResult<MintOutput> {
             Some(w) if !w.is_none() => Some(json(&w, "weights")?),
             _ => None,
         },
+        parity: match d.get_item("parity")? {
+            Some(p) if !p.is_none() => Some(json(&p, "parity")?),
+            _ => None,
+        },
     })
 }
 

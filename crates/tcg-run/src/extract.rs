@@ -93,6 +93,7 @@ pub fn extract(package: &Path, entry: &str, sm: Option<&str>) -> Result<Extracte
         .map_err(rewrap)?;
     let wrapper = String::from_utf8(wrapper)
         .map_err(|_| invalid(format!("wrapper {:?} is not UTF-8", members.wrapper)))?;
+    refuse_native_unsupported(&mut pkg, &members, &wrapper, entry)?;
 
     let tmp = std::env::temp_dir();
     remove_leftovers(&tmp);
@@ -185,6 +186,30 @@ pub fn extract(package: &Path, entry: &str, sm: Option<&str>) -> Result<Extracte
         shared_object,
         wrapper,
     })
+}
+
+/// Refuse, before anything is extracted, a graph whose wrapper makes calls
+/// the native path cannot make (`run.native_unsupported`): operators without
+/// a C shim go through torch's proxy executor, which needs the process that
+/// registered them (docs/run.md, "What load_native refuses").
+pub fn refuse_native_unsupported(
+    pkg: &mut Package,
+    members: &tcg_core::artifact::package::EntryMembers,
+    wrapper: &str,
+    entry: &str,
+) -> Result<()> {
+    let calls = tcg_core::artifact::package::entry_native_calls(pkg, members, wrapper);
+    if calls.is_empty() {
+        return Ok(());
+    }
+    let described: Vec<String> = calls.iter().map(|c| c.describe()).collect();
+    Err(Error::new(
+        Code::RunNativeUnsupported,
+        format!(
+            "graph {entry:?} calls operators the native path cannot run: {} (operators without a C shim run through torch's proxy executor and the dispatcher of the process that registered them); use load() in a process that imports torch and registers them",
+            described.join(", ")
+        ),
+    ))
 }
 
 /// Try to take the exclusive lock of an open directory without waiting.

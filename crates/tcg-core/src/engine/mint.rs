@@ -12,6 +12,8 @@ use super::{
 };
 use crate::artifact::literals::{write_payload, LiteralTensor};
 use crate::artifact::metadata::build_metadata;
+use crate::artifact::package::mint_record::{build_mint_record, write_with_record};
+use crate::artifact::package::package_native_calls;
 use crate::artifact::{pack, parse_constant_table, Metadata};
 use crate::host_isa::HostIsa;
 use crate::identity::{toolchain_axis, validate_toolchain_block, GraphClassDeclaration};
@@ -43,6 +45,10 @@ pub struct MintOutput {
     /// groups; `artifact::weights::WeightsContract::from_facts`), written into
     /// the package annex before packing (`None`: no annex, as 0.2.0 minted).
     pub weights: Option<Value>,
+    /// The parity figures of the mint (the `parity` block of the mint
+    /// record, docs/engine.md "Parity at mint"); `None` when the caller did
+    /// not check parity.
+    pub parity: Option<Value>,
 }
 
 fn plan_mismatches(md: &Metadata, plan: &MintOutput, key: &str) -> Vec<&'static str> {
@@ -207,12 +213,17 @@ impl Engine {
     pub fn publish_mint(&self, key: &str, plan: &MintOutput) -> Result<StoreResult> {
         check_key(key)?;
         let rows = parse_constant_table(&plan.package)?;
-        if let Some(facts) = &plan.weights {
-            let declared = crate::artifact::weights::declared_of(&plan.declaration)?;
-            let contract =
-                crate::artifact::weights::WeightsContract::from_facts(facts, &declared, &rows)?;
-            crate::artifact::package::append_annex(&plan.package, &contract)?;
-        }
+        // Checked before anything is staged: facts that contradict the
+        // declaration or the table refuse the mint.
+        let contract = match &plan.weights {
+            Some(facts) => {
+                let declared = crate::artifact::weights::declared_of(&plan.declaration)?;
+                Some(crate::artifact::weights::WeightsContract::from_facts(
+                    facts, &declared, &rows,
+                )?)
+            }
+            None => None,
+        };
         let metadata = build_metadata(
             &plan.declaration,
             &rows,
@@ -249,9 +260,19 @@ impl Engine {
             })?;
             Some(path)
         };
+        // The mint record rides in the package (docs/FORMAT.md, "The mint
+        // record"): what the native path cannot run, and the parity figures.
+        let calls = package_native_calls(&plan.package)?;
+        let record = build_mint_record(plan.parity.as_ref(), &calls)?;
+        let package = work.path().join(crate::artifact::PACKAGE_MEMBER);
+        write_with_record(&plan.package, &package, &record)?;
+        // The weights contract rides beside it (docs/FORMAT.md, "The package annex").
+        if let Some(contract) = &contract {
+            crate::artifact::package::append_annex(&package, contract)?;
+        }
         let envelope = work.path().join(crate::artifact::ENVELOPE_FILE_NAME);
         pack(
-            &plan.package,
+            &package,
             &Value::Object(metadata.value().clone()),
             payload.as_deref(),
             &envelope,

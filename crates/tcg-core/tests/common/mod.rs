@@ -104,6 +104,7 @@ pub fn reference_mint(dir: &Path) -> MintOutput {
         literals: vec![],
         witness_lines: None,
         weights: None,
+        parity: None,
     }
 }
 

@@ -8,6 +8,8 @@
 pub mod cubin;
 pub mod elf;
 pub mod loadable;
+pub mod mint_record;
+pub mod native_calls;
 pub mod wrapper;
 
 use std::cell::Cell;
@@ -27,6 +29,8 @@ use crate::artifact::metadata::{ConstantRow, Metadata};
 use crate::error::{Code, Error, Result};
 
 pub use elf::{expected_e_machine, parse_elf, ElfInfo};
+pub use mint_record::{package_mint_record, read_mint_record, MintRecord};
+pub use native_calls::{scan_native_calls, UnsupportedCall};
 pub use wrapper::{parse_wrapper, parse_wrapper_text, WrapperConstant, WrapperTable};
 
 /// The prefix of zip, wrapper and ELF failures.
@@ -442,7 +446,7 @@ pub struct EntryMembers {
 }
 
 /// What package verification found.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PackageReport {
     /// The entry's members.
     pub members: EntryMembers,
@@ -455,11 +459,48 @@ pub struct PackageReport {
     /// The weights contract of the package annex (`None` when the package has
     /// no annex, or its annex has no weights block).
     pub weights: Option<crate::artifact::weights::WeightsContract>,
+    /// The mint record, when the package carries one (checked against the
+    /// wrapper).
+    pub mint_record: Option<MintRecord>,
 }
 
 fn read_wrapper(pkg: &mut Package, member: &str) -> Result<WrapperTable> {
     let bytes = pkg.read_bounded(member, MAX_WRAPPER_BYTES)?;
     parse_wrapper(&bytes).map_err(|e| e.context(format_args!("{PACKAGE_PREFIX}: {member}")))
+}
+
+/// Largest extern-kernel table (`*.json` beside the wrapper) read to name
+/// the operators of proxy calls (16 MiB).
+pub const MAX_EXTERN_TABLE_BYTES: u64 = 16 << 20;
+
+/// The calls of the entry's wrapper (the text `wrapper`, already read) that
+/// the native path cannot make, named from the entry's extern-kernel table
+/// when the package has one (read bounded; a table over the bound or
+/// unreadable names nothing, the calls are still found).
+pub fn entry_native_calls(
+    pkg: &mut Package,
+    members: &EntryMembers,
+    wrapper: &str,
+) -> Vec<UnsupportedCall> {
+    let table = native_calls::extern_table_member(&members.wrapper, pkg.names())
+        .cloned()
+        .and_then(|name| pkg.read_bounded(&name, MAX_EXTERN_TABLE_BYTES).ok());
+    scan_native_calls(wrapper, table.as_deref())
+}
+
+/// The native-unsupported calls of a package with exactly one entry (for
+/// mint, before the metadata exists).
+pub fn package_native_calls(path: &Path) -> Result<Vec<UnsupportedCall>> {
+    let mut pkg = Package::open(path)?;
+    let members = pkg.entry_members(None)?;
+    let bytes = pkg.read_bounded(&members.wrapper, MAX_WRAPPER_BYTES)?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| {
+        Error::new(
+            Code::ArtifactWrapperParse,
+            format!("{PACKAGE_PREFIX}: {} is not UTF-8", members.wrapper),
+        )
+    })?;
+    Ok(entry_native_calls(&mut pkg, &members, text))
 }
 
 /// The constant table of a package with exactly one entry, as manifest rows
@@ -682,6 +723,18 @@ fn verify_opened_facts(
     for member in &members.cubins {
         inflated = inflated.saturating_add(pkg.bounded_size(member, MAX_CUBIN_BYTES)?);
     }
+    let record_name = mint_record::record_member(pkg.names())?;
+    let has_record = pkg.names().contains(&record_name);
+    if has_record {
+        inflated = inflated.saturating_add(
+            pkg.bounded_size(&record_name, mint_record::MAX_MINT_RECORD_BYTES)
+                .map_err(|e| e.rewrap(Code::ArtifactMintRecordInvalid, "mint record"))?,
+        );
+        if let Some(table) = native_calls::extern_table_member(&members.wrapper, pkg.names()) {
+            let table = table.clone();
+            inflated = inflated.saturating_add(pkg.bounded_size(&table, MAX_EXTERN_TABLE_BYTES)?);
+        }
+    }
     if inflated > inflation_cap(pkg.file_len()) {
         return Err(Error::new(
             Code::ArtifactInflationRatio,
@@ -691,7 +744,34 @@ fn verify_opened_facts(
             ),
         ));
     }
-    let table = read_wrapper(&mut pkg, &members.wrapper)?;
+    let wrapper_bytes = pkg.read_bounded(&members.wrapper, MAX_WRAPPER_BYTES)?;
+    let table = parse_wrapper(&wrapper_bytes)
+        .map_err(|e| e.context(format_args!("{PACKAGE_PREFIX}: {}", members.wrapper)))?;
+    let mint_record = if has_record {
+        let record = read_mint_record(&mut pkg)?;
+        if let Some(r) = &record {
+            // parse_wrapper accepted the bytes, so they are UTF-8.
+            let text = std::str::from_utf8(&wrapper_bytes).unwrap_or_default();
+            let scanned = entry_native_calls(&mut pkg, &members, text);
+            if scanned != r.unsupported_calls {
+                return Err(Error::new(
+                    Code::ArtifactMintRecordInvalid,
+                    format!(
+                        "mint record lists unsupported calls {:?}, the wrapper makes {:?}",
+                        r.unsupported_calls
+                            .iter()
+                            .map(|c| c.describe())
+                            .collect::<Vec<_>>(),
+                        scanned.iter().map(|c| c.describe()).collect::<Vec<_>>()
+                    ),
+                ));
+            }
+        }
+        record
+    } else {
+        None
+    };
+    drop(wrapper_bytes);
     if table.rows() != constants {
         return Err(Error::new(
             Code::ArtifactConstantsMismatch,
@@ -783,6 +863,7 @@ fn verify_opened_facts(
         e_machine: info.machine,
         lrodata_bytes: lrodata,
         weights: None,
+        mint_record,
     })
 }
 

@@ -1,0 +1,258 @@
+"""Parity at mint: the compiled graph against the exported program, on the program's example inputs.
+
+Before anything is stored, :func:`check_parity` runs the freshly compiled
+package once on ``program.example_inputs`` with the program's own weights and
+constants bound, runs the exported program eagerly
+(``program.module()(*args, **kwargs)``) once on the same inputs, and compares
+the two outputs leaf by leaf over the output pytree with the tolerance of the
+leaf's dtype (:data:`TOLERANCES`). A mismatch raises ``CompileError`` with
+code ``mint.parity_failed`` and publishes nothing; what it measured goes into
+the mint record (docs/engine.md, "Parity at mint"). torch is imported lazily.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import CompileError
+
+__all__ = ["TOLERANCES", "check_parity", "run_compiled", "tolerance"]
+
+#: ``(atol, rtol)`` by dtype. An element passes when
+#: ``|compiled - eager| <= atol * scale + rtol * |eager|``, where ``scale`` is
+#: ``max(1, max |eager|)`` over the leaf (finite values): the absolute term grows
+#: with the leaf's magnitude, so values that cancel to near zero inside a large
+#: output are judged against the rounding of the values that produced them.
+#: Integer, unsigned and bool leaves must be equal (both 0). Complex leaves use
+#: their component dtype. NaN must be NaN in both, infinities equal.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-7),
+    "float32": (1e-4, 1e-4),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (5e-2, 5e-2),
+    "float8_e4m3fn": (0.25, 0.25),
+    "float8_e4m3fnuz": (0.25, 0.25),
+    "float8_e5m2": (0.5, 0.5),
+    "float8_e5m2fnuz": (0.5, 0.5),
+    "float8_e8m0fnu": (1.0, 1.0),
+    "complex128": (1e-7, 1e-7),
+    "complex64": (1e-4, 1e-4),
+    "complex32": (1e-2, 1e-2),
+}
+
+
+def tolerance(dtype: str) -> tuple[float, float]:
+    """``(atol, rtol)`` for a dtype name such as ``float32``; ``(0, 0)`` (exact) for any other dtype."""
+    return TOLERANCES.get(dtype, (0.0, 0.0))
+
+
+def _unavailable(message: str) -> CompileError:
+    return CompileError(f"parity check cannot run: {message}", "mint.parity_unavailable")
+
+
+def run_compiled(
+    package: str | os.PathLike[str], entry: str, constants: Mapping[str, Any], inputs: Sequence[Any], device_index: int
+) -> list[Any]:
+    """Load entry ``entry`` of ``package``, bind ``constants`` by fqn (a full update) and run it once on ``inputs``.
+
+    The compiled side of the parity check (tests replace it to provoke a mismatch).
+    """
+    import torch
+
+    # (path, entry, run_single_threaded, num_runners, device_index): the positional
+    # form torch 2.11 and 2.15 share, as in runner.py.
+    loader = torch._C._aoti.AOTIModelPackageLoader(os.fspath(package), entry, False, 1, device_index)
+    wanted = list(loader.get_constant_fqns())
+    missing = [fqn for fqn in wanted if fqn not in constants]
+    if missing:
+        raise _unavailable(f"the program has no value for the compiled graph's constants {missing}")
+    bound = {fqn: constants[fqn] for fqn in wanted}
+    loader.load_constants(bound, False, True)
+    outputs = loader.boxed_run(list(inputs))
+    return list(outputs)
+
+
+def _clone(tree: Any) -> Any:
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _device_index(flat: Sequence[Any]) -> int:
+    import torch
+
+    for x in flat:
+        if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+            return int(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    return -1
+
+
+def _program_constants(program: Any, device: Any) -> dict[str, Any]:
+    import torch
+
+    values: dict[str, Any] = {}
+    for source in (program.constants, program.state_dict):
+        for name, value in source.items():
+            if isinstance(value, torch.Tensor):
+                values[name] = value.detach().to(device).contiguous()
+    return values
+
+
+def _compare(path: str, expected: Any, actual: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """The figures of one leaf, and a failure message when it differs beyond its tolerance."""
+    import torch
+
+    if not isinstance(expected, torch.Tensor):
+        # A scalar output may come back from the compiled graph as a 0-d tensor.
+        got = actual.item() if isinstance(actual, torch.Tensor) and actual.dim() == 0 else actual
+        equal = not isinstance(got, torch.Tensor) and bool(expected == got)
+        return None, None if equal else f"output {path or '<root>'}: eager {expected!r}, compiled {actual!r}"
+    if not isinstance(actual, torch.Tensor):
+        return None, f"output {path or '<root>'}: eager is a tensor, compiled is {type(actual).__qualname__}"
+    dtype = str(expected.dtype).removeprefix("torch.")
+    shape = [int(d) for d in expected.shape]
+    got = str(actual.dtype).removeprefix("torch.")
+    if got != dtype or [int(d) for d in actual.shape] != shape:
+        return None, f"output {path or '<root>'}: eager is {dtype}{shape}, compiled is {got}{list(actual.shape)}"
+    atol, rtol = tolerance(dtype)
+    e = expected.detach()
+    a = actual.detach().to(e.device)
+    wide = torch.complex128 if e.is_complex() else torch.float64
+    ef, af = e.to(wide), a.to(wide)
+    numel = int(e.numel())
+    if numel == 0:
+        leaf = _leaf(path, dtype, shape, 0, 0.0, 0.0, atol, rtol, 1.0)
+        return leaf, None
+    magnitude = ef.abs()
+    finite = torch.isfinite(magnitude)
+    scale = max(1.0, float(magnitude[finite].max()) if bool(finite.any()) else 1.0)
+    same = (ef == af) | (torch.isnan(ef) & torch.isnan(af))
+    diff = (af - ef).abs()
+    diff = torch.where(same, torch.zeros_like(diff), torch.nan_to_num(diff, nan=float("inf")))
+    allowed = atol * scale + rtol * torch.where(finite, magnitude, torch.zeros_like(magnitude))
+    excess = diff - allowed
+    worst = int(torch.argmax(excess))
+    max_abs = float(diff.max())
+    nonzero = magnitude > 0
+    rel = torch.where(nonzero, diff / torch.where(nonzero, magnitude, torch.ones_like(magnitude)), diff)
+    rel_max = float(rel[nonzero].max()) if bool(nonzero.any()) else 0.0
+    leaf = _leaf(path, dtype, shape, numel, max_abs, rel_max, atol, rtol, scale)
+    if float(excess.reshape(-1)[worst]) <= 0.0:
+        return leaf, None
+    at = list(map(int, torch.unravel_index(torch.tensor(worst), tuple(shape)))) if shape else []
+    err = float(diff.reshape(-1)[worst])
+    bound = float(allowed.reshape(-1)[worst])
+    bad = int((excess > 0).sum())
+    pick = complex if e.is_complex() else float
+    eager_value, compiled_value = pick(ef.reshape(-1)[worst]), pick(af.reshape(-1)[worst])
+    return leaf, (
+        f"output {path or '<root>'} ({dtype}{shape}): max abs error {err:.6g} exceeds the allowed {bound:.6g} "
+        f"at element {at} (eager {eager_value:.6g}, compiled {compiled_value:.6g}; "
+        f"allowed = atol {atol:g} x scale {scale:.6g} + rtol {rtol:g} x |eager|); "
+        f"{bad} of {numel} elements outside; max abs error over the leaf {max_abs:.6g}, max rel error {rel_max:.6g}"
+    )
+
+
+def _leaf(
+    path: str,
+    dtype: str,
+    shape: list[int],
+    numel: int,
+    max_abs: float,
+    max_rel: float,
+    atol: float,
+    rtol: float,
+    scale: float,
+) -> dict[str, Any]:
+    return {
+        "atol": float(atol),
+        "dtype": dtype,
+        "max_abs_diff": float(max_abs),
+        "max_rel_diff": float(max_rel),
+        "numel": int(numel),
+        "path": path,
+        "rtol": float(rtol),
+        "scale": float(scale),
+        "shape": shape,
+    }
+
+
+def check_parity(program: Any, package: str | os.PathLike[str], entry: str) -> dict[str, Any]:
+    """Compare the compiled ``entry`` of ``package`` with ``program`` run eagerly, on its example inputs.
+
+    Returns the ``parity`` block of the mint record. Raises ``CompileError``:
+    ``mint.parity_failed`` (a leaf differs beyond its tolerance, the output
+    structure differs, or the compiled graph fails on the inputs) or
+    ``mint.parity_unavailable`` (no example inputs, or the program cannot run
+    eagerly on them, or the package cannot be loaded).
+    """
+    import torch
+    from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path
+
+    examples = getattr(program, "example_inputs", None)
+    if not (isinstance(examples, tuple) and len(examples) == 2):
+        raise _unavailable(
+            "the exported program has no example inputs (program.example_inputs); "
+            "export with torch.export.export(module, args, kwargs) so that the mint can check the compiled graph"
+        )
+    args, kwargs = examples
+    in_spec = program.call_spec.in_spec
+    names = list(in_spec.child(1).context or []) if in_spec is not None and in_spec.num_children == 2 else []
+    ordered = {name: kwargs[name] for name in names if name in kwargs}
+    flat, _ = tree_flatten((tuple(args), ordered))
+    tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+    index = _device_index(tensors)
+    device = torch.device("cpu") if index < 0 else torch.device("cuda", index)
+
+    mutated = sorted(set(program.graph_signature.buffers_to_mutate.values()))
+    saved = {}
+    for name in mutated:
+        for source in (program.state_dict, program.constants):
+            if isinstance(source.get(name), torch.Tensor):
+                saved[name] = (source, source[name].detach().clone())
+    try:
+        with torch.no_grad():
+            eager = program.module()(*_clone(tuple(args)), **_clone(dict(kwargs)))
+    except Exception as exc:
+        raise _unavailable(f"the exported program fails on its example inputs: {type(exc).__name__}: {exc}") from exc
+    finally:
+        for name, (source, value) in saved.items():
+            with torch.no_grad():
+                source[name].copy_(value)
+    constants = _program_constants(program, device)
+    try:
+        compiled = run_compiled(package, entry, constants, [t.clone() for t in tensors], index)
+    except CompileError:
+        raise
+    except Exception as exc:
+        raise CompileError(
+            f"compiled graph does not match the exported program: it fails on the example inputs: "
+            f"{type(exc).__name__}: {exc}",
+            "mint.parity_failed",
+        ) from exc
+
+    leaves_with_path, _ = tree_flatten_with_path(eager)
+    if len(leaves_with_path) != len(compiled):
+        raise CompileError(
+            f"compiled graph does not match the exported program: it returns {len(compiled)} outputs, "
+            f"the program {len(leaves_with_path)}",
+            "mint.parity_failed",
+        )
+    leaves: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for (path, expected), actual in zip(leaves_with_path, compiled, strict=True):
+        leaf, failure = _compare(keystr(path), expected, actual)
+        if leaf is not None:
+            leaves.append(leaf)
+        if failure is not None:
+            failures.append(failure)
+    if failures:
+        raise CompileError(
+            "compiled graph does not match the exported program on its example inputs; nothing is published: "
+            + "; ".join(failures),
+            "mint.parity_failed",
+        )
+    return {"inputs": "example_inputs", "leaves": leaves, "status": "passed"}
