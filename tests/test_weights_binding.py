@@ -136,3 +136,33 @@ def test_load_binds_the_same_checkpoints_as_load_native(
     got = loaded(torch.from_numpy(io["x"])).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     refused_binding("run.constant_missing", graph.load, index)
+
+
+def test_a_package_whose_so_carries_its_own_cxx_runtime_is_refused_before_torchs_loader(
+    graph: Any, tmp_path: Path
+) -> None:
+    """torch's package loader crashes on a .so linked with a static libstdc++ (the GPU
+    machine's default compiler); such a package never reaches it."""
+    import shutil
+    import zipfile
+
+    from torch_compiled_graphs import _native
+    from torch_compiled_graphs.engine import StoredCompiledGraph
+
+    copy = tmp_path / "graph"
+    shutil.copytree(graph.path, copy)
+    with zipfile.ZipFile(graph.package_path) as src, zipfile.ZipFile(copy / "model.pt2", "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith(".so"):
+                assert b"libstdc++.so.6\x00" in data
+                # Same length: the dynamic string table keeps its layout, DT_NEEDED names another runtime.
+                data = data.replace(b"libstdc++.so.6\x00", b"libstdc++.so.9\x00")
+            dst.writestr(info, data)
+    _native.package_check_torch_loader(str(graph.package_path), graph.graph_class)
+    err = refused_binding(
+        "run.loader_unsupported", _native.package_check_torch_loader, str(copy / "model.pt2"), graph.graph_class
+    )
+    assert "load_native" in str(err)
+    patched = StoredCompiledGraph(graph.key, copy, graph.metadata, graph.manifest)
+    refused_binding("run.loader_unsupported", patched.load, {})

@@ -61,6 +61,15 @@ def run_compiled(
     """
     import torch
 
+    from . import _native
+    from .errors import BindingError
+
+    # A .so that carries its own C++ runtime crashes torch's package loader (the
+    # minting process with it): refused before the loader sees it.
+    try:
+        _native.package_check_torch_loader(os.fspath(package), entry)
+    except BindingError as exc:
+        raise _unavailable(f"{exc} (the compiled graph cannot be run here to check it against eager)") from exc
     # (path, entry, run_single_threaded, num_runners, device_index): the positional
     # form torch 2.11 and 2.15 share, as in runner.py.
     loader = torch._C._aoti.AOTIModelPackageLoader(os.fspath(package), entry, False, 1, device_index)
