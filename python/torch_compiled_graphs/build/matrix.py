@@ -266,6 +266,11 @@ def load_lock(path: str | os.PathLike[str]) -> dict[str, str]:
     if not isinstance(raw, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
         raise BuildError(f"toolchain lock {path} must be a JSON object of strings", "build.lock_invalid")
     block = dict(raw)
+    if "torch" not in block:
+        raise BuildError(
+            f"toolchain lock {path} has no torch member: write it with `torch-compiled-graphs toolchain record`",
+            "build.lock_invalid",
+        )
     try:
         _native.toolchain_axis(block)
     except CompiledGraphError as exc:
