@@ -65,8 +65,8 @@ class RayCluster:
 
 def _node_ids(python: str, address: str) -> dict[str, dict[str, float]]:
     code = (
-        "import json, ray; ray.init(address=%r, logging_level='ERROR', log_to_driver=False);"
-        "print(json.dumps({n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}))" % address
+        f"import json, ray; ray.init(address={address!r}, logging_level='ERROR', log_to_driver=False);"
+        "print(json.dumps({n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}))"
     )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     nodes: dict[str, dict[str, float]] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -100,7 +100,8 @@ def _stop(proc: subprocess.Popen[bytes], temp_dir: str) -> None:
 @contextmanager
 def ray_cluster(env: dict[str, str]) -> Iterator[RayCluster]:
     """A head node carrying ``tcg-target-cpu`` (2 CPUs) and a second node carrying
-    ``tcg-target-sm_90`` (1 CPU, no GPU) on 127.0.0.1; both stopped however the test ends."""
+    ``tcg-target-sm_90`` (1 CPU, one GPU claimed, none there) on 127.0.0.1; both stopped
+    however the test ends."""
     ray = str(Path(sys.executable).parent / "ray")
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="tcgray", dir="/tmp")
@@ -110,10 +111,27 @@ def ray_cluster(env: dict[str, str]) -> Iterator[RayCluster]:
     try:
         processes.append(
             subprocess.Popen(
-                [ray, "start", "--head", "--port", str(port), "--num-cpus", "2", "--num-gpus", "0",
-                 "--resources", json.dumps({"tcg-target-cpu": 2}), "--include-dashboard=false",
-                 "--temp-dir", temp_dir, *common],
-                env=node_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                [
+                    ray,
+                    "start",
+                    "--head",
+                    "--port",
+                    str(port),
+                    "--num-cpus",
+                    "2",
+                    "--num-gpus",
+                    "0",
+                    "--resources",
+                    json.dumps({"tcg-target-cpu": 2}),
+                    "--include-dashboard=false",
+                    "--temp-dir",
+                    temp_dir,
+                    *common,
+                ],
+                env=node_env,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
         )
         address = f"127.0.0.1:{port}"
@@ -130,9 +148,25 @@ def ray_cluster(env: dict[str, str]) -> Iterator[RayCluster]:
         (head,) = nodes
         processes.append(
             subprocess.Popen(
-                [ray, "start", "--address", address, "--num-cpus", "1", "--num-gpus", "0",
-                 "--resources", json.dumps({"tcg-target-sm_90": 1}), *common],
-                env=node_env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                # It claims one GPU that is not there: its sm_90 cell is placed here and refused
+                # by the cell step, which checks the device it really sees.
+                [
+                    ray,
+                    "start",
+                    "--address",
+                    address,
+                    "--num-cpus",
+                    "1",
+                    "--num-gpus",
+                    "1",
+                    "--resources",
+                    json.dumps({"tcg-target-sm_90": 1}),
+                    *common,
+                ],
+                env=node_env,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
         )
         while time.monotonic() < deadline:

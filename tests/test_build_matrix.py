@@ -84,7 +84,10 @@ def test_cells_follow_recipe_then_grid_then_target_order(tmp_path: Path) -> None
         ("targets = ['cpu']\n[[recipes]]\ncallable = 'a:b'\n", "lock file"),
         ("toolchain = 'l'\ntargets = ['cpu']\n", "at least one recipe"),
         ("toolchain = 'l'\ntargets = ['cpu', 'cpu']\n[[recipes]]\ncallable = 'a:b'\n", "listed twice"),
-        ("toolchain = 'l'\ntargets = ['cpu']\n[[recipes]]\ncallable = 'a:b'\n[[recipes]]\ncallable = 'c:b'\n", "used twice"),
+        (
+            "toolchain = 'l'\ntargets = ['cpu']\n[[recipes]]\ncallable = 'a:b'\n[[recipes]]\ncallable = 'c:b'\n",
+            "used twice",
+        ),
         ("toolchain = 'l'\ntargets = ['cpu']\n[[recipes]]\ncallable = 'a:b'\ngrid = {target = [1]}\n", "'target'"),
         ("toolchain = 'l'\nformat = 2\ntargets = ['cpu']\n[[recipes]]\ncallable = 'a:b'\n", "format 2"),
         ("toolchain = 'l'\n[ray]\nnum_gpus = 1\n[[recipes]]\ncallable = 'a:b'\ntargets = ['cpu']\n", "[ray]"),
@@ -206,7 +209,7 @@ def test_a_missing_recipe_module_is_a_deterministic_failure(tmp_path: Path, lock
 
 def test_an_unreachable_remote_is_a_transient_failure(tmp_path: Path, lock: tuple[Path, dict[str, str]]) -> None:
     closed = free_port()  # nothing listens there
-    body = MATRIX.replace('targets = ["cpu"]', f'targets = ["cpu"]\nremote = "s3://nobody/fleet"', 1)
+    body = MATRIX.replace('targets = ["cpu"]', 'targets = ["cpu"]\nremote = "s3://nobody/fleet"', 1)
     env = {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -272,8 +275,12 @@ def test_the_native_binary_refuses_build_and_names_the_console_script() -> None:
     from torch_compiled_graphs import _native
 
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from torch_compiled_graphs import _native;"
-         "sys.exit(_native.cli_main(['torch-compiled-graphs', 'build', 'm.toml']))"],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from torch_compiled_graphs import _native;"
+            "sys.exit(_native.cli_main(['torch-compiled-graphs', 'build', 'm.toml']))",
+        ],
         capture_output=True,
         text=True,
     )
@@ -287,7 +294,9 @@ def test_the_native_binary_refuses_build_and_names_the_console_script() -> None:
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory, lock: tuple[Path, dict[str, str]]) -> tuple[Path, dict[str, Any]]:
+def rendered(
+    tmp_path_factory: pytest.TempPathFactory, lock: tuple[Path, dict[str, str]]
+) -> tuple[Path, dict[str, Any]]:
     """``build --executor k8s --dry-run`` of a matrix without a remote and an empty store."""
     where = tmp_path_factory.mktemp("k8s")
     body = MATRIX + f'store = "{where / "store"}"\n[k8s]\nimage = "registry.example/fleet:1"\nnamespace = "builds"\n'
@@ -386,7 +395,10 @@ def test_k8s_jobs_are_one_per_target_with_the_cells_that_need_work(rendered: tup
 def job_argv(job: dict[str, Any], mount: Path) -> tuple[list[str], dict[str, str]]:
     """The Job's container command and env as a pod would run them, with the ConfigMap at ``mount``."""
     container = job["spec"]["template"]["spec"]["containers"][0]
-    argv = [sys.executable if i == 0 else a.replace("/etc/tcg-build", str(mount)) for i, a in enumerate(container["command"])]
+    argv = [
+        sys.executable if i == 0 else a.replace("/etc/tcg-build", str(mount))
+        for i, a in enumerate(container["command"])
+    ]
     return argv, {e["name"]: e["value"] for e in container["env"]}
 
 
@@ -410,3 +422,19 @@ def _base_env() -> dict[str, str]:
     import os
 
     return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def test_ray_tasks_ask_for_the_targets_resource_and_unplaceable_cells_are_detected(tmp_path: Path) -> None:
+    from torch_compiled_graphs.build.ray_executor import _demand, task_options, unplaceable
+
+    m = parse_matrix(MATRIX + '[ray]\nnum_cpus = 2\naccelerator_types = { sm_90 = "H100" }\n', tmp_path / "m.toml")
+    cpu, gpu = task_options(m, m.cells[0]), task_options(m, m.cells[2])
+    assert cpu["resources"] == {"tcg-target-cpu": 1} and cpu["num_gpus"] == 0 and cpu["num_cpus"] == 2
+    assert gpu["resources"] == {"tcg-target-sm_90": 1} and gpu["num_gpus"] == 1
+    assert gpu["accelerator_type"] == "H100" and "accelerator_type" not in cpu
+    assert cpu["max_retries"] == 0  # the driver retries transient outcomes only
+    nodes = [{"CPU": 4.0, "tcg-target-cpu": 4.0}, {"CPU": 8.0, "GPU": 1.0, "tcg-target-sm_90": 1.0}]
+    assert not unplaceable(_demand(cpu), nodes)
+    assert unplaceable(_demand(gpu), nodes)  # no node has accelerator_type:H100
+    assert not unplaceable(_demand(gpu), [{**nodes[1], "accelerator_type:H100": 1.0}])
+    assert unplaceable(_demand(cpu), nodes[1:])

@@ -117,7 +117,9 @@ def _call_recipe(cell: Cell) -> Any:
     except CompiledGraphError:
         raise
     except Exception as exc:
-        raise BuildError(f"recipe {cell.callable} failed for {cell.name}: {type(exc).__name__}: {exc}", "build.recipe_failed") from exc
+        raise BuildError(
+            f"recipe {cell.callable} failed for {cell.name}: {type(exc).__name__}: {exc}", "build.recipe_failed"
+        ) from exc
     if not isinstance(spec, GraphClassSpec):
         raise BuildError(
             f"recipe {cell.callable} must return a GraphClassSpec, got {type(spec).__qualname__}",
@@ -284,7 +286,9 @@ def _run(
                 return
             if state is None or state.get("state") != "absent":
                 reason = (state or {}).get("reason", "no answer")
-                raise BuildError(f"cannot ask the remote {matrix.remote} for {key}: {reason}", "build.remote_unavailable")
+                raise BuildError(
+                    f"cannot ask the remote {matrix.remote} for {key}: {reason}", "build.remote_unavailable"
+                )
         elif explanation.present:
             result.outcome = "present"
             return
@@ -298,4 +302,6 @@ def _run(
                     f"{key} was compiled but not published to {matrix.remote}; a retry mints it again",
                     "build.publish_failed",
                 )
-        result.outcome = "minted" if done.outcome is EnsureOutcome.MINTED and done.compiled_graph.source == "compiled" else "present"
+        result.outcome = (
+            "minted" if done.outcome is EnsureOutcome.MINTED and done.compiled_graph.source == "compiled" else "present"
+        )

@@ -67,8 +67,9 @@ def _toolchain(argv: list[str]) -> int:
 
 
 def _cell_index(args: argparse.Namespace) -> int:
+    position: int
     if args.index is not None:
-        position = args.index
+        position = int(args.index)
     else:
         raw = os.environ.get("JOB_COMPLETION_INDEX")
         if raw is None or not raw.strip().isdigit():
@@ -77,21 +78,24 @@ def _cell_index(args: argparse.Namespace) -> int:
             )
         position = int(raw)
     if args.cells is None:
-        return int(position)
+        return position
     try:
         indices = [int(x) for x in args.cells.split(",") if x.strip()]
     except ValueError as exc:
-        raise BuildError(f"--cells must be comma-separated cell indices, got {args.cells!r}", "build.index_missing") from exc
-    if not 0 <= position < len(indices):
         raise BuildError(
-            f"index {position} is outside --cells ({len(indices)} entries)", "build.index_out_of_range"
-        )
+            f"--cells must be comma-separated cell indices, got {args.cells!r}", "build.index_missing"
+        ) from exc
+    if not 0 <= position < len(indices):
+        raise BuildError(f"index {position} is outside --cells ({len(indices)} entries)", "build.index_out_of_range")
     return indices[position]
 
 
 def _build_cell(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torch-compiled-graphs build-cell", description=_CELL_HELP,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="torch-compiled-graphs build-cell",
+        description=_CELL_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("matrix", help="the build matrix (TOML)")
     parser.add_argument("--index", type=int, help="the cell's index (default: $JOB_COMPLETION_INDEX)")
     parser.add_argument("--cells", help="comma-separated cell indices: the index is a position in this list")
@@ -126,9 +130,7 @@ def _text_report(runs: list[Any], seconds: float) -> str:
     lines = [f"{'outcome':<8} {'code':<26} {'seconds':>8} {'where':<20} {'cell':<40} key"]
     for r in runs:
         where = (r.node or r.host or "-")[:20]
-        lines.append(
-            f"{r.outcome:<8} {r.code or '-':<26} {r.seconds:>8.1f} {where:<20} {r.name:<40} {r.key or '-'}"
-        )
+        lines.append(f"{r.outcome:<8} {r.code or '-':<26} {r.seconds:>8.1f} {where:<20} {r.name:<40} {r.key or '-'}")
     counts = {k: sum(1 for r in runs if r.outcome == k) for k in ("present", "minted", "refused", "failed")}
     lines.append(", ".join(f"{v} {k}" for k, v in counts.items()) + f" in {seconds:.1f} s")
     return "\n".join(lines)
@@ -147,8 +149,11 @@ def report_json(matrix: Any, executor: str, runs: list[Any], seconds: float) -> 
 
 
 def _build(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="torch-compiled-graphs build", description=_BUILD_HELP,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="torch-compiled-graphs build",
+        description=_BUILD_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("matrix", help="the build matrix (TOML)")
     parser.add_argument("--executor", choices=("local", "ray", "k8s"), default="local", help="default: local")
     parser.add_argument("--dry-run", action="store_true", help="plan only (k8s: print the manifest)")

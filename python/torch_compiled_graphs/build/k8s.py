@@ -55,7 +55,9 @@ def _job(matrix: Matrix, target: str, cells: list[Cell], config_name: str) -> di
     k = matrix.k8s
     image = k.get("image")
     if not isinstance(image, str) or not image:
-        raise BuildError("the k8s executor needs [k8s] image (a serving image with the recipes)", "build.executor_invalid")
+        raise BuildError(
+            "the k8s executor needs [k8s] image (a serving image with the recipes)", "build.executor_invalid"
+        )
     python = str(k.get("python", "python3"))
     command = [python, "-m", "torch_compiled_graphs", "build-cell", f"{MOUNT}/{_MATRIX_NAME}"]
     command += ["--toolchain", f"{MOUNT}/{_LOCK_NAME}", "--cells", ",".join(str(c.index) for c in cells)]
@@ -152,4 +154,3 @@ def apply(manifest: dict[str, Any], kubectl: str = "kubectl") -> str:
     if proc.returncode != 0:
         raise BuildError(f"{kubectl} apply failed: {proc.stderr.strip()}", "build.executor_failed")
     return proc.stdout
-

@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,9 @@ __all__ = ["MATRIX_FORMAT", "Cell", "Matrix", "load_lock", "load_matrix", "parse
 MATRIX_FORMAT = 1
 
 _TARGET = re.compile(r"cpu|cpu-[a-z0-9_.-]+|sm_[0-9]+a?")
-_CALLABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_CALLABLE = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _TOP = {"format", "remote", "toolchain", "targets", "store", "recipes", "local", "ray", "k8s"}
 _RECIPE = {"name", "callable", "targets", "grid", "params"}
@@ -96,16 +99,22 @@ def _invalid(path: Path, message: str) -> BuildError:
     return BuildError(f"{path}: {message}", "build.matrix_invalid")
 
 
+def _toml_module() -> Any:
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:  # Python 3.10
+        import tomli  # type: ignore[import-not-found,unused-ignore]
+    except ModuleNotFoundError as exc:
+        raise BuildError(
+            "reading a build matrix needs Python 3.11 (tomllib) or the tomli package", "build.matrix_invalid"
+        ) from exc
+    return tomli
+
+
 def _toml(text: str, path: Path) -> dict[str, Any]:
-    try:
-        import tomllib as toml
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as toml  # type: ignore[no-redef,unused-ignore]
-        except ModuleNotFoundError as exc:
-            raise BuildError(
-                "reading a build matrix needs Python 3.11 (tomllib) or the tomli package", "build.matrix_invalid"
-            ) from exc
+    toml = _toml_module()
     try:
         data: dict[str, Any] = toml.loads(text)
     except toml.TOMLDecodeError as exc:
@@ -166,7 +175,9 @@ def parse_matrix(text: str, path: str | os.PathLike[str]) -> Matrix:
             raise _invalid(where, f"{label} must be a table")
         extra = sorted(set(recipe) - _RECIPE)
         if extra:
-            raise _invalid(where, f"{label}: unknown member(s) {', '.join(extra)} (known: {', '.join(sorted(_RECIPE))})")
+            raise _invalid(
+                where, f"{label}: unknown member(s) {', '.join(extra)} (known: {', '.join(sorted(_RECIPE))})"
+            )
         target_fn = recipe.get("callable")
         if not isinstance(target_fn, str) or not _CALLABLE.fullmatch(target_fn):
             raise _invalid(where, f"{label}: callable must be 'module:function', got {target_fn!r}")
@@ -200,7 +211,9 @@ def parse_matrix(text: str, path: str | os.PathLike[str]) -> Matrix:
         keys = list(grid)
         for combo in itertools.product(*(grid[k] for k in keys)):
             for target in targets:
-                cells.append(Cell(len(cells), name, target_fn, target, {**params, **dict(zip(keys, combo, strict=True))}))
+                cells.append(
+                    Cell(len(cells), name, target_fn, target, {**params, **dict(zip(keys, combo, strict=True))})
+                )
     known_sections = {
         "local": {"parallelism", "retries"},
         "ray": {"address", "num_cpus", "retries", "accelerator_types"},
@@ -224,7 +237,9 @@ def parse_matrix(text: str, path: str | os.PathLike[str]) -> Matrix:
         table = _table(data.get(section), where, section)
         extra = sorted(set(table) - allowed)
         if extra:
-            raise _invalid(where, f"[{section}]: unknown member(s) {', '.join(extra)} (known: {', '.join(sorted(allowed))})")
+            raise _invalid(
+                where, f"[{section}]: unknown member(s) {', '.join(extra)} (known: {', '.join(sorted(allowed))})"
+            )
         sections[section] = table
     return Matrix(
         where,

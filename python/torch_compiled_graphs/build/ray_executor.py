@@ -14,6 +14,7 @@ lost worker or node), up to ``[ray] retries`` (default 2) times.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any
 from .matrix import Cell, Matrix
 from .run import CellRun, Progress, parse_cell_output
 
-__all__ = ["RESOURCE_PREFIX", "resource_name", "run_ray", "task_options"]
+__all__ = ["RESOURCE_PREFIX", "resource_name", "run_ray", "task_options", "unplaceable"]
 
 #: Custom resource of a target: ``tcg-target-cpu``, ``tcg-target-sm_90``.
 RESOURCE_PREFIX = "tcg-target-"
@@ -48,6 +49,20 @@ def task_options(matrix: Matrix, cell: Cell) -> dict[str, Any]:
     if cell.gpu and accelerator:
         options["accelerator_type"] = str(accelerator)
     return options
+
+
+def _demand(options: dict[str, Any]) -> dict[str, float]:
+    demand = {"CPU": float(options["num_cpus"]), **{k: float(v) for k, v in options["resources"].items()}}
+    if options["num_gpus"]:
+        demand["GPU"] = float(options["num_gpus"])
+    if "accelerator_type" in options:
+        demand[f"accelerator_type:{options['accelerator_type']}"] = 0.001
+    return {k: v for k, v in demand.items() if v}
+
+
+def unplaceable(demand: dict[str, float], nodes: list[dict[str, float]]) -> bool:
+    """Whether no node's total resources can ever hold ``demand`` (Ray would wait forever)."""
+    return not any(all(node.get(k, 0.0) >= v for k, v in demand.items()) for node in nodes)
 
 
 def _cell_task(matrix_text: str, lock_text: str, matrix_name: str, cell_index: int, gpu: bool) -> dict[str, Any]:
@@ -105,7 +120,7 @@ def run_ray(
     lock_text = matrix.toolchain_path.read_text(encoding="utf-8")
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=target, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=target, logging_level=logging.ERROR, log_to_driver=False)
     try:
         task = ray.remote(max_calls=1)(_cell_task)
         results: dict[int, CellRun] = {}
@@ -121,7 +136,23 @@ def run_ray(
             if progress is not None:
                 progress.update(started=1)
 
+        nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call,unused-ignore]
         for cell in cells:
+            demand = _demand(task_options(matrix, cell))
+            if unplaceable(demand, nodes):
+                # Never submitted: a task no node can hold would wait forever.
+                wanted = ", ".join(f"{k}={v:g}" for k, v in sorted(demand.items()))
+                results[cell.index] = CellRun(
+                    cell.index,
+                    cell.name,
+                    cell.target,
+                    None,
+                    "refused",
+                    "build.no_node",
+                    f"no node of the Ray cluster at {target} has {wanted}; start one with "
+                    f"--resources '{{\"{resource_name(cell.target)}\": N}}'",
+                )
+                continue
             submit(cell)
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)

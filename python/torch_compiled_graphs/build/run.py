@@ -339,7 +339,9 @@ def run_local(
                     break
         finally:
             with cond:
-                results[cell.index] = run or CellRun(cell.index, cell.name, cell.target, None, "failed", "build.cell_crashed")
+                results[cell.index] = run or CellRun(
+                    cell.index, cell.name, cell.target, None, "failed", "build.cell_crashed"
+                )
                 running -= 1
                 if gpu is not None:
                     free.append((gpu, cell.target.rstrip("a")))
