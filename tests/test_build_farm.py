@@ -115,7 +115,9 @@ def test_ray_places_each_cell_on_a_node_that_carries_its_target(farm: Farm, firs
     rc, report = first
     cells = _by_cell(report)
     assert rc == 1, report  # the sm_90 cell is refused: this cluster has no GPU
-    for name in ("mlp[width=8]@cpu", "mlp[width=16]@cpu", f'killed-once[marker="{farm.marker}",width=24]@cpu'):
+    killed = f'killed-once[width=24,marker="{farm.marker}"]@cpu'
+    assert set(cells) == {"mlp[width=8]@cpu", "mlp[width=16]@cpu", killed, "gpu[width=8]@sm_90"}
+    for name in ("mlp[width=8]@cpu", "mlp[width=16]@cpu", killed):
         assert cells[name]["node"] == farm.cluster.head_node, cells[name]
     gpu = cells["gpu[width=8]@sm_90"]
     assert gpu["node"] == farm.cluster.gpu_node, gpu
@@ -184,6 +186,7 @@ def test_the_local_executor_mints_a_new_cell_once(farm: Farm) -> None:
     matrix.write_text(
         f'remote = "{farm.remote}"\ntoolchain = "lock.json"\ntargets = ["cpu"]\n'
         '[[recipes]]\ncallable = "tests.build_recipes:mlp"\ngrid = {width = [8, 32]}\n'
+        '[k8s]\nimage = "registry.example/fleet:1"\n'
     )
     rc, report = farm.build(matrix, "--executor", "local", "--parallelism", "2")
     assert rc == 0, report

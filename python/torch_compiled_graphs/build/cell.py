@@ -233,8 +233,9 @@ def build_cell(
     started = time.monotonic()
     cell = matrix.cell(index)
     result = CellResult(cell.index, cell.name, cell.target, None, "failed", host=socket.gethostname())
+    saved = os.environ.get(CELL_ENV)
+    os.environ[CELL_ENV] = str(cell.index)
     try:
-        os.environ[CELL_ENV] = str(cell.index)
         _run(matrix, cell, result, store, here)
     except _Refused as r:
         result.outcome, result.code, result.message, result.fact = "refused", r.code, str(r), r.fact
@@ -242,6 +243,11 @@ def build_cell(
         result.outcome = "failed"
         result.code, result.transient = classify(exc)
         result.message = str(exc) or type(exc).__name__
+    finally:
+        if saved is None:
+            os.environ.pop(CELL_ENV, None)
+        else:
+            os.environ[CELL_ENV] = saved
     result.seconds = time.monotonic() - started
     return result
 
