@@ -5,6 +5,7 @@ the command-line routing."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,11 @@ import pytest
 from tests.build_support import ROOT, one_json_line, record_lock, run_cli, write_matrix
 from tests.fleet_support import free_port
 from torch_compiled_graphs.build import (
+    CELL_ENV,
     EXIT_DETERMINISTIC,
     EXIT_TRANSIENT,
     BuildError,
+    build_cell,
     load_lock,
     load_matrix,
     parse_matrix,
@@ -182,29 +185,26 @@ def test_build_cell_refuses_another_toolchain_with_the_differing_member(
 def test_build_cell_refuses_a_gpu_cell_on_a_machine_without_that_gpu(
     tmp_path: Path, lock: tuple[Path, dict[str, str]]
 ) -> None:
-    path = matrix_in(tmp_path, lock)
-    out = run_cli("build-cell", str(path), "--index", "2")
-    assert out.returncode == EXIT_DETERMINISTIC, out.stderr
-    row = one_json_line(out.stdout)
-    assert row["outcome"] == "refused" and row["code"] == "build.device_mismatch"
-    assert row["fact"]["lock"] == ["sm_90"] and row["cell"] == "gpu[width=4]@sm_90"
+    result = build_cell(load_matrix(matrix_in(tmp_path, lock)), 2)
+    assert result.exit_code == EXIT_DETERMINISTIC
+    assert result.outcome == "refused" and result.code == "build.device_mismatch"
+    assert result.fact is not None and result.fact["lock"] == ["sm_90"] and result.name == "gpu[width=4]@sm_90"
+    assert result.key is None  # refused before the recipe ran
 
 
 def test_a_failing_recipe_is_a_deterministic_failure(tmp_path: Path, lock: tuple[Path, dict[str, str]]) -> None:
     body = 'toolchain = "lock.json"\ntargets = ["cpu"]\n[[recipes]]\ncallable = "tests.build_recipes:broken"\n'
-    path = matrix_in(tmp_path, lock, body)
-    out = run_cli("build-cell", str(path), "--index", "0")
-    assert out.returncode == EXIT_DETERMINISTIC, out.stderr
-    row = one_json_line(out.stdout)
-    assert row["outcome"] == "failed" and row["code"] == "build.recipe_failed" and not row["transient"]
-    assert "broken on purpose" in row["message"]
+    result = build_cell(load_matrix(matrix_in(tmp_path, lock, body)), 0)
+    assert result.exit_code == EXIT_DETERMINISTIC
+    assert result.outcome == "failed" and result.code == "build.recipe_failed" and not result.transient
+    assert result.message is not None and "broken on purpose" in result.message
 
 
 def test_a_missing_recipe_module_is_a_deterministic_failure(tmp_path: Path, lock: tuple[Path, dict[str, str]]) -> None:
     body = 'toolchain = "lock.json"\ntargets = ["cpu"]\n[[recipes]]\ncallable = "tests.no_such_module:f"\n'
-    out = run_cli("build-cell", str(matrix_in(tmp_path, lock, body)), "--index", "0")
-    assert out.returncode == EXIT_DETERMINISTIC, out.stderr
-    assert one_json_line(out.stdout)["code"] == "build.recipe_invalid"
+    result = build_cell(load_matrix(matrix_in(tmp_path, lock, body)), 0)
+    assert result.exit_code == EXIT_DETERMINISTIC and result.code == "build.recipe_invalid"
+    assert CELL_ENV not in os.environ  # restored after the step
 
 
 def test_an_unreachable_remote_is_a_transient_failure(tmp_path: Path, lock: tuple[Path, dict[str, str]]) -> None:
