@@ -44,13 +44,19 @@ fn a_non_utf8_key_is_a_usage_error() {
 fn the_python_commands_are_refused_with_a_hint_naming_the_console_script() {
     for (args, name) in [
         (vec!["build", "matrix.toml", "--executor", "ray"], "build"),
-        (vec!["build-cell", "matrix.toml", "--index", "3"], "build-cell"),
+        (
+            vec!["build-cell", "matrix.toml", "--index", "3"],
+            "build-cell",
+        ),
         (vec!["toolchain", "record"], "toolchain"),
     ] {
         let out = bin().args(&args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{out:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains(&format!("error: `{name}` runs in Python")), "{stderr}");
+        assert!(
+            stderr.contains(&format!("error: `{name}` runs in Python")),
+            "{stderr}"
+        );
         assert!(
             stderr.contains(&format!("python -m torch_compiled_graphs {name}")),
             "{stderr}"
