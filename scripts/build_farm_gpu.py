@@ -101,6 +101,8 @@ def main() -> None:
         target = f"sm_{major}{minor}"
     report: dict[str, object] = {"python": sys.version.split()[0], "torch": torch.__version__, "target": target}
     processes: list[subprocess.Popen[bytes]] = []
+    runs: list[dict[str, object]] = []
+    ray_temp: str | None = None
     with tempfile.TemporaryDirectory(prefix="tcg-farm-") as tmp:
         work = Path(tmp)
         site = work / "site"
@@ -170,7 +172,6 @@ def main() -> None:
                 port = free_port()
                 resources = json.dumps({"tcg-target-cpu": 1, f"tcg-target-{target}": 1})
                 ray_temp = tempfile.mkdtemp(prefix="tcgray", dir="/tmp")
-                ray_bin = shutil.which("ray", path=str(site / "bin")) or shutil.which("ray") or "ray"
                 processes.append(
                     subprocess.Popen(
                         [
@@ -200,11 +201,9 @@ def main() -> None:
                         stderr=subprocess.DEVNULL,
                     )
                 )
-                report["ray_bin"] = ray_bin
                 wait_port(port, timeout=120)
                 time.sleep(5)
                 build += ["--executor", "ray", "--ray-address", f"127.0.0.1:{port}"]
-            runs = []
             for _ in range(2):
                 proc = subprocess.run(build, capture_output=True, text=True, env=env, timeout=3600)
                 row = {"returncode": proc.returncode, "stderr": proc.stderr[-3000:]}
@@ -224,12 +223,14 @@ def main() -> None:
                     except subprocess.TimeoutExpired:
                         proc.kill()
                         proc.wait()
+            if ray_temp is not None:
+                shutil.rmtree(ray_temp, ignore_errors=True)
     (args.out / "build-farm.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
 
     def outcomes(i: int) -> list[str]:
-        rep = runs[i].get("report") if isinstance(runs[i], dict) else None
-        return [c["outcome"] for c in rep["cells"]] if isinstance(rep, dict) else []
+        rep = runs[i].get("report") if len(runs) > i else None
+        return [str(c["outcome"]) for c in rep["cells"]] if isinstance(rep, dict) else []
 
     if outcomes(0) != ["minted", "minted"] or outcomes(1) != ["present", "present"]:
         raise SystemExit(1)
