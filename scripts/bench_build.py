@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -142,4 +143,5 @@ def bench_build(child_env: dict[str, str]) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 head.kill()
                 head.wait()
+            shutil.rmtree(ray_temp, ignore_errors=True)
     return out
