@@ -3,7 +3,7 @@ in the same session. Results go to bench-out/ (JSON) and are summarised on
 stdout; docs/benchmarks.md records them with this command.
 
     python scripts/bench.py [--moto PATH] [section ...]
-        sections: resolve, store, verify, ttfi, mint, fleet (default: all); fleet-io is fleet
+        sections: resolve, store, verify, ttfi, mint, fleet, build (default: all); fleet-io is fleet
         without the 8-worker cold start; fleet-cold is the 8-worker cold start alone; --moto
         names the moto_server to start (default: $TCG_MOTO_SERVER, the venv's, then PATH's)
 
@@ -551,7 +551,7 @@ def main() -> None:
         i = args.index("--moto")
         os.environ["TCG_MOTO_SERVER"] = args[i + 1]
         del args[i : i + 2]
-    sections = args or ["resolve", "store", "verify", "ttfi", "mint", "fleet"]
+    sections = args or ["resolve", "store", "verify", "ttfi", "mint", "fleet", "build"]
     OUT.mkdir(exist_ok=True)
     results: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     if "resolve" in sections:
@@ -576,6 +576,10 @@ def main() -> None:
         results["fleet"] = bench_fleet(repeat=repeat, cold_start="fleet" in sections)
     if "fleet-cold" in sections:
         results["fleet_cold_start"] = bench_fleet_cold_only()
+    if "build" in sections:
+        from bench_build import bench_build
+
+        results["build"] = bench_build(CHILD_ENV)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (OUT / f"bench-{stamp}.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(json.dumps(results, indent=1, sort_keys=True))

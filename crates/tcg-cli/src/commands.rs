@@ -247,6 +247,34 @@ enum Command {
         #[command(subcommand)]
         command: crate::fleet::FleetCommand,
     },
+    /// Plan and run a build matrix (runs in Python: the `torch-compiled-graphs` console
+    /// script or `python -m torch_compiled_graphs build`; see docs/build.md).
+    Build(PythonArgs),
+    /// Run one cell of a build matrix (runs in Python: the console script or
+    /// `python -m torch_compiled_graphs build-cell`).
+    BuildCell(PythonArgs),
+    /// Record this installation's toolchain block, `toolchain record > fleet-toolchain.json`
+    /// (runs in Python: the console script or `python -m torch_compiled_graphs toolchain`).
+    Toolchain(PythonArgs),
+}
+
+/// The arguments of a command that runs in Python: taken as they are, never parsed here.
+#[derive(Debug, clap::Args)]
+pub struct PythonArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    args: Vec<std::ffi::OsString>,
+}
+
+impl Cli {
+    /// The name of the command when it is one that runs in Python (torch is needed), else `None`.
+    pub fn python_command(&self) -> Option<&'static str> {
+        match self.command {
+            Command::Build(_) => Some("build"),
+            Command::BuildCell(_) => Some("build-cell"),
+            Command::Toolchain(_) => Some("toolchain"),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -460,6 +488,9 @@ fn metadata_summary(md: &Metadata) -> Map {
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
+        Command::Build(_) | Command::BuildCell(_) | Command::Toolchain(_) => {
+            anyhow::bail!("this command runs in Python; run it through the console script")
+        }
         Command::Key {
             graph,
             sm,

@@ -32,6 +32,16 @@ where
             return code;
         }
     };
+    if let Some(name) = cli.python_command() {
+        // `build`, `build-cell` and `toolchain` import torch and user recipes: the
+        // console script routes them to Python before it forwards anything here.
+        eprintln!("error: `{name}` runs in Python (it needs torch), not in this binary");
+        eprintln!(
+            "hint: run `torch-compiled-graphs {name} ...` (the Python console script) or \
+             `python -m torch_compiled_graphs {name} ...`"
+        );
+        return 2;
+    }
     match commands::dispatch(cli) {
         Ok(outcome) => outcome.exit_code(),
         Err(err) => output::report_error(&err),

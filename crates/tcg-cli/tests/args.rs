@@ -39,3 +39,38 @@ fn a_non_utf8_key_is_a_usage_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("invalid UTF-8"), "{stderr}");
 }
+
+#[test]
+fn the_python_commands_are_refused_with_a_hint_naming_the_console_script() {
+    for (args, name) in [
+        (vec!["build", "matrix.toml", "--executor", "ray"], "build"),
+        (
+            vec!["build-cell", "matrix.toml", "--index", "3"],
+            "build-cell",
+        ),
+        (vec!["toolchain", "record"], "toolchain"),
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("error: `{name}` runs in Python")),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("python -m torch_compiled_graphs {name}")),
+            "{stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{out:?}");
+    }
+}
+
+#[test]
+fn the_python_commands_are_listed_in_the_help() {
+    let out = bin().arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for name in ["build ", "build-cell", "toolchain"] {
+        assert!(text.contains(name), "{text}");
+    }
+}
