@@ -190,6 +190,8 @@ def install(wheel: str, target: Path) -> None:
 CXX: list[str] = []
 #: The Rust ``serve`` example binary (``--serve-bin``), for the tests and the benchmark.
 SERVE_BIN: list[str] = []
+#: Extra pytest arguments for the CUDA suite (``--tests-k``).
+TEST_FILTER: list[str] = []
 
 
 def child_env(site: Path, cache: Path | None = None) -> dict[str, str]:
@@ -231,6 +233,7 @@ def run_tests(site: Path, out: Path) -> dict[str, object]:
             "-rA",
             str(ROOT / "tests" / "test_cuda.py"),
             str(ROOT / "tests" / "test_outputs.py"),
+            *TEST_FILTER,
             *junit,
         ],
         capture_output=True,
@@ -446,14 +449,14 @@ def _tier_model(args: tuple[str, Path, Path]) -> dict[str, object]:
     return out
 
 
-def realmodels(site: Path, work: Path, workers: int) -> dict[str, object]:
+def realmodels(site: Path, work: Path, workers: int, only: str | None = None) -> dict[str, object]:
     """The real-model tier on the GPU, models in parallel (each compile is single-threaded)."""
     from concurrent.futures import ThreadPoolExecutor
 
     sys.path.insert(0, str(ROOT / "tests"))
     from realmodels import MODELS
 
-    jobs = [(m, site, work / m) for m in MODELS]
+    jobs = [(m, site, work / m) for m in MODELS if not only or m in only.split(",")]
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(_tier_model, jobs))
     table = {}
@@ -522,6 +525,8 @@ def main() -> None:
     parser.add_argument("--serve-bin", help="the Rust serve example (cargo build --release --example serve)")
     parser.add_argument("--realmodels", action="store_true", help="run the real-model tier on the GPU")
     parser.add_argument("--workers", type=int, default=6, help="models of the tier run at once")
+    parser.add_argument("--models", help="comma-separated models of the tier (default: all)")
+    parser.add_argument("--tests-k", help="pytest -k expression for the CUDA suite")
     parser.add_argument(
         "--native-only",
         action="store_true",
@@ -537,6 +542,8 @@ def main() -> None:
         CXX.append(args.cxx)
     if args.serve_bin:
         SERVE_BIN.append(os.path.abspath(args.serve_bin))
+    if args.tests_k:
+        TEST_FILTER.extend(["-k", args.tests_k])
     wheels = sorted(glob.glob(args.wheel))
     if len(wheels) != 1:
         raise SystemExit(f"--wheel must name exactly one wheel, found {wheels}")
@@ -571,7 +578,7 @@ def main() -> None:
             with ThreadPoolExecutor(max_workers=2) as side:
                 static = side.submit(static_runtime, site, Path(tmp) / "static")
                 suite = None if args.no_tests else side.submit(run_tests, site, args.out)
-                report["realmodels"] = realmodels(site, Path(tmp) / "realmodels", args.workers)
+                report["realmodels"] = realmodels(site, Path(tmp) / "realmodels", args.workers, args.models)
                 print(json.dumps({"realmodels": report["realmodels"]["table"]}, indent=1), flush=True)  # type: ignore[index]
                 save()
                 report["static_cxx_runtime"] = static.result()
