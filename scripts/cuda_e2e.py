@@ -484,7 +484,14 @@ import json, os, sys, torch
 from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
 from torch_compiled_graphs.errors import CompileError
 work = sys.argv[1]
-m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).cuda().eval()
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 8)
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+m = M().cuda().eval()
 x = torch.randn(4, 16, device="cuda")
 spec = GraphClassSpec("e2e/static-cxx", "serve", torch.export.export(m, (x,)))
 major, minor = torch.cuda.get_device_capability()

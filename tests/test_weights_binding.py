@@ -166,3 +166,19 @@ def test_a_package_whose_so_carries_its_own_cxx_runtime_is_refused_before_torchs
     assert "load_native" in str(err)
     patched = StoredCompiledGraph(graph.key, copy, graph.metadata, graph.manifest)
     refused_binding("run.loader_unsupported", patched.load, {})
+
+
+def test_a_parameter_the_compiler_records_as_a_literal_is_refused_with_the_fix() -> None:
+    """Inductor records the parameters of a top-level nn.Sequential ("0.weight") with
+    ConstantType::Unknown, which SPEC-v1 §8.3 reads as a literal: the mint says why and what to do."""
+    import torch
+
+    from torch_compiled_graphs.compile import literal_tensors
+    from torch_compiled_graphs.errors import AdmissionError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+    program = torch.export.export(model, (torch.randn(2, 4),))
+    with pytest.raises(AdmissionError) as e:
+        literal_tensors(program, [{"fqn": "0.weight"}])
+    assert e.value.code == "admission.literal_unbound"
+    assert "nn.Sequential" in str(e.value) and "parameter or buffer" in str(e.value)

@@ -295,6 +295,17 @@ def literal_tensors(program: object, rows: Iterable[Mapping[str, Any] | tuple[st
         if value is None:
             value = constants.get(name)
         if not isinstance(value, torch.Tensor):
+            if fqn in exported.state_dict:
+                # Inductor records a parameter or buffer whose fqn starts with a digit
+                # (the layers of a top-level nn.Sequential) with ConstantType::Unknown,
+                # which SPEC-v1 §8.3 reads as a literal: it cannot be bound by name.
+                raise AdmissionError(
+                    f"the compiler recorded '{fqn}', a parameter or buffer of the program, as a literal "
+                    "constant (AOTInductor does so for names that start with a digit, as the layers of a "
+                    "top-level nn.Sequential have); export a module that holds it under a name, for "
+                    "example self.layers = nn.Sequential(...)",
+                    "admission.literal_unbound",
+                )
             raise AdmissionError(
                 f"declared literal constant '{fqn}' has no exported value; register durable tensors as buffers",
                 "admission.literal_unbound",
