@@ -199,7 +199,7 @@ def check_parity(program: Any, package: str | os.PathLike[str], entry: str) -> d
     eagerly on them, or the package cannot be loaded).
     """
     import torch
-    from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path
+    from torch.utils._pytree import tree_flatten
 
     examples = getattr(program, "example_inputs", None)
     if not (isinstance(examples, tuple) and len(examples) == 2):
@@ -215,6 +215,31 @@ def check_parity(program: Any, package: str | os.PathLike[str], entry: str) -> d
     tensors = [x for x in flat if isinstance(x, torch.Tensor)]
     index = _device_index(tensors)
     device = torch.device("cpu") if index < 0 else torch.device("cuda", index)
+
+    # Both sides in full float32 on a GPU: cuDNN's default TF32 convolutions (and
+    # TF32 matmuls where a user enabled them) would make a correct graph differ
+    # from eager by more than the float32 tolerance (seen: a UNet's output, 5e-4).
+    tf32 = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return _check_parity_full_precision(program, package, entry, args, kwargs, tensors, index, device)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _check_parity_full_precision(
+    program: Any,
+    package: Any,
+    entry: str,
+    args: Any,
+    kwargs: Any,
+    tensors: list[Any],
+    index: int,
+    device: Any,
+) -> dict[str, Any]:
+    import torch
+    from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path
 
     mutated = sorted(set(program.graph_signature.buffers_to_mutate.values()))
     saved = {}
