@@ -106,6 +106,8 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) 
         declaration,
         literals: vec![],
         witness_lines: None,
+        weights: None,
+        parity: None,
     };
     Engine::open(store)
         .unwrap()
