@@ -115,7 +115,9 @@ def main() -> None:
         (work / "recipes").mkdir()
         (work / "recipes" / "farm_recipes.py").write_text(RECIPE)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env["PYTHONPATH"] = os.pathsep.join([str(site), str(work / "recipes")])
+        # Carried wheels installed beside this script (ray on a machine without it) stay importable.
+        extra = os.environ.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in [str(site), str(work / "recipes"), extra] if p)
         env["XDG_CACHE_HOME"] = str(work / "cache")
         env["CXX"] = args.cxx
         env["RAY_USAGE_STATS_ENABLED"] = "0"
