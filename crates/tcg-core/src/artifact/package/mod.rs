@@ -557,13 +557,22 @@ pub fn read_annex(
     pkg: &mut Package,
     metadata: &Metadata,
 ) -> Result<Option<crate::artifact::weights::WeightsContract>> {
+    let declared = crate::artifact::weights::declared_fqns(metadata)?;
+    read_annex_of(pkg, &declared, metadata.constants())
+}
+
+/// [`read_annex`] against the declared constant fqns and constant rows.
+fn read_annex_of(
+    pkg: &mut Package,
+    declared: &std::collections::BTreeSet<String>,
+    rows: &[ConstantRow],
+) -> Result<Option<crate::artifact::weights::WeightsContract>> {
     use crate::artifact::weights::{parse_annex, MAX_ANNEX_BYTES};
     let Some(member) = annex_member(pkg)? else {
         return Ok(None);
     };
     let bytes = pkg.read_bounded(&member, MAX_ANNEX_BYTES)?;
-    let declared = crate::artifact::weights::declared_fqns(metadata)?;
-    parse_annex(&bytes, &declared, metadata.constants())
+    parse_annex(&bytes, declared, rows)
 }
 
 /// Append the annex holding `contract` to the package at `path` (a package
@@ -672,17 +681,10 @@ pub fn weights_contract_of(
     declared: &std::collections::BTreeSet<String>,
     rows: &[ConstantRow],
 ) -> Result<crate::artifact::weights::WeightsContract> {
-    use crate::artifact::weights::{parse_annex, WeightsContract, MAX_ANNEX_BYTES};
     let mut pkg = Package::open(path)?;
-    match annex_member(&pkg)? {
-        Some(member) => {
-            let bytes = pkg.read_bounded(&member, MAX_ANNEX_BYTES)?;
-            match parse_annex(&bytes, declared, rows)? {
-                Some(c) => Ok(c),
-                None => WeightsContract::implied(declared, rows),
-            }
-        }
-        None => WeightsContract::implied(declared, rows),
+    match read_annex_of(&mut pkg, declared, rows)? {
+        Some(c) => Ok(c),
+        None => crate::artifact::weights::WeightsContract::implied(declared, rows),
     }
 }
 
