@@ -6,7 +6,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 UV := $(PYTHON) -m uv
 CARGO_TEST_FLAGS ?=
-export UV_LINK_MODE ?= copy
+# Hard links from uv's cache into the venv (torch's wheels are ~5 GB: a copy
+# would hold them twice on disk); uv falls back to copying across filesystems.
+export UV_LINK_MODE ?= hardlink
 
 .PHONY: test demo bench develop deps ssh-keygen rust-checks python-checks realmodels clean
 
