@@ -22,8 +22,10 @@ See docs/run.md for what is checked and what is refused.
 from __future__ import annotations
 
 import json
+import logging
 import operator
 import os
+import time
 
 from . import _native
 from .errors import BindingError
@@ -39,6 +41,14 @@ if TYPE_CHECKING:
     # ("leaf",) | ("tuple" | "list", children) | ("dict", keys, children)
     # | ("record", type name, fields, children): an output class read as a GraphOutput
     Spec: TypeAlias = tuple[Any, ...]
+
+LOGGER = logging.getLogger("torch_compiled_graphs")
+
+
+def _log_timings(what: str, timings: Mapping[str, float]) -> None:
+    if LOGGER.isEnabledFor(logging.DEBUG):
+        LOGGER.debug("%s: %s", what, ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()))
+
 
 __all__ = ["GraphOutput", "NativeGraph", "find_torch_lib", "from_buffer", "to_numpy"]
 
@@ -418,10 +428,33 @@ class NativeGraph:
         #: or ``"not recorded"`` (the artifact states no digest to compare).
         self.torch_check = _check_torch(stored, lib)
         rows = [(r["fqn"], r["source"], r["dtype"], [int(d) for d in r["shape"]]) for r in stored.constants]
-        self._model = _native.NativeModel(
-            lib, os.fspath(stored.package_path), stored.graph_class, device, stored.sm, rows
+        literals = os.path.join(stored.path, "constants.safetensors")
+        has_literals = any(r["source"] == "literal" for r in stored.constants)
+        started = time.perf_counter()
+        # One overlapped step: the weights are read (and, on a GPU, copied to the
+        # device) while libtorch is opened and the container created.
+        self._model, ignored, outside, timings = _native.NativeModel.load(
+            lib,
+            os.fspath(stored.package_path),
+            stored.graph_class,
+            device,
+            stored.sm,
+            rows,
+            stored.metadata,
+            _weight_paths(weights),
+            literals if has_literals else None,
+            *self._naming,
         )
-        self._model.set_contract(os.fspath(stored.package_path), stored.metadata)
+        self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
+        #: How long each phase of loading took, in seconds: ``open_libraries``,
+        #: ``create_container``, ``plan_weights``, ``cuda_context`` (GPU),
+        #: ``read_weights``, ``copy_weights``, ``bind_weights``, ``load_total``,
+        #: and ``first_call`` once the first call returned. Reading the weights
+        #: runs beside opening the libraries and creating the container, so the
+        #: phases overlap; ``load_total`` is the wall time of the load.
+        self.timings: dict[str, float] = dict(timings)
+        self.timings["load_total"] = time.perf_counter() - started
+        self._first_call_pending = True
         self._stream = 0
         in_text, out_text = self._model.call_spec
         self._in = _parse_spec(in_text, "input")
@@ -439,7 +472,7 @@ class NativeGraph:
                 "run.native_unsupported",
             )
         self._facts = self._input_facts()
-        self.rebind(weights)
+        _log_timings(f"load_native {stored.key}", self.timings)
 
     def _input_facts(self) -> list[tuple[int | None, str, list[Any]]]:
         """Per tensor input: its flat position (from the ingress, else None), dtype
@@ -506,8 +539,11 @@ class NativeGraph:
         the prefixes given at load) with the same checks as loading."""
         literals = os.path.join(self._stored.path, "constants.safetensors")
         has_literals = any(r["source"] == "literal" for r in self._stored.constants)
-        ignored, outside = self._model.bind(_weight_paths(weights), literals if has_literals else None, *self._naming)
+        ignored, outside, timings = self._model.bind(
+            _weight_paths(weights), literals if has_literals else None, *self._naming
+        )
         self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
+        _log_timings(f"rebind {self._stored.key}", dict(timings))
 
     def _check(self, index: int, path: str, dtype: str, shape: list[int], bound: dict[str, int]) -> None:
         _, want, dims = self._facts[index]
@@ -562,8 +598,14 @@ class NativeGraph:
             inputs.append((address, nbytes, dtype, shape))
             keep.append(held)
         # `keep` holds every input object (or its exported view) until the run returns.
+        started = time.perf_counter() if self._first_call_pending else 0.0
         outputs = self._model.run(inputs, self._stream)
         del keep, arrays
+        if self._first_call_pending:
+            # The first call folds the computed constants and loads the kernels.
+            self._first_call_pending = False
+            self.timings["first_call"] = time.perf_counter() - started
+            LOGGER.debug("first call of %s: %.1f ms", self._stored.key, self.timings["first_call"] * 1e3)
         return _unflatten(self._out, iter(outputs))
 
     def __repr__(self) -> str:

@@ -14,7 +14,9 @@ programs) and buys nothing for a package that is already compiled and verified.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +29,47 @@ if TYPE_CHECKING:
     from .engine import StoredCompiledGraph
 
 __all__ = ["LoadedGraph", "load"]
+
+LOGGER = logging.getLogger("torch_compiled_graphs")
+
+
+def _read_checkpoint(
+    weights: object, naming: tuple[str, str], device: Any, plan_names: Any
+) -> tuple[dict[str, Any], int, dict[str, float]]:
+    """The tensors of a checkpoint on disk that the graph binds, read by the
+    weights pipeline into one allocation on ``device`` (several threads, and on
+    a GPU a pinned ring copied on a copy stream), as views of it by graph name.
+    ``plan_names`` maps the checkpoint's names to those to read."""
+    import torch
+
+    from .native import _weight_paths
+
+    reader = _native.CheckpointReader(_weight_paths(weights), *naming)
+    entries = {name: (dtype, shape) for name, dtype, shape in reader.entries}
+    wanted = plan_names(list(entries))
+    dtypes = {}
+    for name in wanted:
+        dtype = getattr(torch, entries[name][0], None)
+        if not isinstance(dtype, torch.dtype):
+            raise BindingError(f"{name!r} has a dtype ({entries[name][0]}) torch cannot hold", "run.weights_invalid")
+        dtypes[name] = dtype
+    total = reader.layout_bytes(wanted)
+    try:
+        buffer = torch.empty(total, dtype=torch.uint8, device=device)
+    except torch.OutOfMemoryError as exc:
+        raise BindingError(
+            f"the weights need {total} bytes on {device}, which cannot hold them: {exc}", "run.weights_too_large"
+        ) from exc
+    index = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
+    offsets, timings = reader.read_into(wanted, buffer.data_ptr(), total, index)
+    named: dict[str, Any] = {}
+    for name, offset in offsets:
+        dtype, shape = dtypes[name], entries[name][1]
+        nbytes = dtype.itemsize
+        for d in shape:
+            nbytes *= d
+        named[name] = buffer[offset : offset + nbytes].view(dtype).view(shape)
+    return named, reader.outside_prefix, dict(timings)
 
 
 def _device(stored: StoredCompiledGraph, device: object) -> Any:
@@ -56,28 +99,6 @@ def _device(stored: StoredCompiledGraph, device: object) -> Any:
     return dev
 
 
-def _from_files(weights: object, device: Any = None) -> dict[str, Any]:
-    """Every tensor of a checkpoint on disk (the forms ``load_native`` takes), on ``device``."""
-    from safetensors.torch import load_file
-
-    from .native import _weight_paths
-
-    out: dict[str, Any] = {}
-    for path in _weight_paths(weights):
-        for file, names in _native.checkpoint_files(path):
-            try:
-                tensors = load_file(file, device=str(device) if device is not None else "cpu")
-            except Exception as exc:
-                raise BindingError(f"{file} is not a readable safetensors file: {exc}", "run.weights_invalid") from exc
-            if names is not None and set(tensors) != set(names):
-                raise BindingError(f"{file} does not hold what its index maps to it", "run.weights_invalid")
-            for name, tensor in tensors.items():
-                if name in out:
-                    raise BindingError(f"{name!r} is in two of the weights files", "run.weights_invalid")
-                out[name] = tensor
-    return out
-
-
 def _weights(weights: object, device: Any = None) -> dict[str, Any]:
     import torch
 
@@ -87,8 +108,6 @@ def _weights(weights: object, device: Any = None) -> dict[str, Any]:
         named: dict[str, Any] = dict(weights.named_parameters(remove_duplicate=False))
         named.update(weights.named_buffers(remove_duplicate=False))
         return named
-    if isinstance(weights, (str, os.PathLike, list, tuple)):
-        return _from_files(weights, device)
     if isinstance(weights, Mapping):
         out: dict[str, Any] = {}
         for name, value in weights.items():
@@ -217,6 +236,13 @@ class LoadedGraph:
         self.ignored_constants: list[str] = []
         #: Tensors of the weights skipped for lying outside ``strip_prefix``.
         self.outside_prefix = 0
+        #: How long each phase of loading took, in seconds: ``create_container``
+        #: (torch's package loader), for a checkpoint path ``read_weights`` and
+        #: ``copy_weights`` (and ``cuda_context``), ``bind_weights``, and
+        #: ``first_call`` once the first call returned.
+        self.timings: dict[str, float] = {}
+        self._first_call_pending = True
+        started = time.perf_counter()
         self.device = _device(stored, device)
         # A .so that carries its own C++ runtime crashes torch's package loader:
         # refused before the loader sees it.
@@ -233,6 +259,7 @@ class LoadedGraph:
             raise BindingError(
                 f"cannot load {stored.package_path} entry {stored.graph_class!r}: {exc}", "run.package_invalid"
             ) from exc
+        self.timings["create_container"] = time.perf_counter() - started
         needed = set(self._loader.get_constant_fqns())
         if needed != set(self._rows):
             raise BindingError(
@@ -263,6 +290,7 @@ class LoadedGraph:
             self._out_records = _parse_spec(out_spec, "output", records=True, unsupported="run.spec_unsupported")
         self._kwarg_names: list[str] = list(self._in_spec.child(1).context or [])
         self.rebind(weights)
+        self.timings["load_total"] = time.perf_counter() - started
 
     def _read_literals(self) -> dict[str, Any]:
         literal = [fqn for fqn, row in self._rows.items() if row["source"] == "literal"]
@@ -290,8 +318,24 @@ class LoadedGraph:
         """Bind new weights (after an out-of-place change), with the same checks as loading."""
         import torch
 
-        named, outside = _renamed(_weights(weights, self.device), *self._naming)
-        plan = _native.package_plan_binding(os.fspath(self._stored.package_path), self._stored.metadata, list(named))
+        package, metadata = os.fspath(self._stored.package_path), self._stored.metadata
+        timings: dict[str, float] = {}
+        from_files = isinstance(weights, (str, os.PathLike, list, tuple))
+        if from_files:
+            # Read by the weights pipeline straight into one allocation: only
+            # the names the plan binds (and aliases to compare).
+            planned: dict[str, Any] = {}
+
+            def plan_names(names: list[str]) -> list[str]:
+                p = planned["plan"] = _native.package_plan_binding(package, metadata, names)
+                wanted = {name for _, name in p["bind"]} | {n for pair in p["duplicates"] for n in pair}
+                return sorted(wanted)
+
+            named, outside, timings = _read_checkpoint(weights, self._naming, self.device, plan_names)
+            plan = planned["plan"]
+        else:
+            named, outside = _renamed(_weights(weights, self.device), *self._naming)
+            plan = _native.package_plan_binding(package, metadata, list(named))
         for bound_name, other in plan["duplicates"]:
             a, b = named[bound_name], named[other]
             same = a is b or (
@@ -311,9 +355,19 @@ class LoadedGraph:
         # Folded ("computed") constants are recomputed by the package from what is bound.
         # (constants, use_inactive=False, check_full_update=True): the positional form both
         # torch 2.11 and 2.15 accept; user_managed and allow_h2d_copy keep their False defaults.
-        self._loader.load_constants(bound, False, True)
+        started = time.perf_counter()
+        # The pipeline's allocation is the graph's own (user_managed: the
+        # container keeps it without a copy, `self._bound` keeps it alive);
+        # a module's tensors are copied, so later changes to it stay its own.
+        self._loader.load_constants(bound, False, True, from_files)
+        timings["bind_weights"] = time.perf_counter() - started
         self._bound = bound
         self.ignored_constants, self.outside_prefix = list(plan["ignored"]), outside
+        self.timings.update(timings)
+        if LOGGER.isEnabledFor(logging.DEBUG):
+            LOGGER.debug(
+                "load %s: %s", self._stored.key, ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items())
+            )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the graph with the original module's ``(args, kwargs)`` convention."""
@@ -332,7 +386,11 @@ class LoadedGraph:
             )
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         self._check_inputs(flat)
+        started = time.perf_counter() if self._first_call_pending else 0.0
         outputs = self._loader.boxed_run(tensors)
+        if self._first_call_pending:
+            self._first_call_pending = False
+            self.timings["first_call"] = time.perf_counter() - started
         if self._out_spec is None:
             from .native import _unflatten
 

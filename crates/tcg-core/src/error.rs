@@ -262,6 +262,8 @@ codes! {
     RunDeviceMismatch => Binding, "run.device_mismatch";
     /// The weights are not a module or a mapping of names to tensors.
     RunWeightsInvalid => Binding, "run.weights_invalid";
+    /// The weights do not fit the memory of the device (or host) the graph runs on.
+    RunWeightsTooLarge => Binding, "run.weights_too_large";
     /// The unpacked package does not match its metadata or cannot be loaded.
     RunPackageInvalid => Binding, "run.package_invalid";
     /// The literal payload is missing or unreadable.

@@ -21,6 +21,7 @@ use crate::errors::IntoPyResult;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint_files, m)?)?;
+    m.add_class::<CheckpointReader>()?;
     m.add_class::<NativeModel>()?;
     m.add_class::<NativeTensor>()?;
     m.add_class::<DLPackInput>()?;
@@ -91,6 +92,39 @@ struct NativeModel {
 }
 
 type Row = (String, String, String, Vec<u64>);
+type Timings = Vec<(String, f64)>;
+
+fn timings(t: &tcg_run::pipeline::Timings) -> Timings {
+    t.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+}
+
+fn parse_rows(constants: Vec<Row>) -> PyResult<Vec<ConstantRow>> {
+    constants
+        .into_iter()
+        .map(|(fqn, source, dtype, shape)| {
+            let source = ConstantSource::parse(&source).ok_or_else(|| {
+                Error::new(
+                    Code::RunPackageInvalid,
+                    format!("constant {fqn:?} has an unknown source {source:?}"),
+                )
+            })?;
+            Ok(ConstantRow {
+                fqn,
+                source,
+                dtype,
+                shape,
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()
+        .py()
+}
+
+fn naming(strip_prefix: Option<String>, add_prefix: Option<String>) -> tcg_run::weights::Naming {
+    tcg_run::weights::Naming {
+        strip_prefix: strip_prefix.unwrap_or_default(),
+        add_prefix: add_prefix.unwrap_or_default(),
+    }
+}
 /// One input's facts: dtype and dims (an int or a `(lo, hi)` pair).
 type Fact<'py> = (String, Vec<Bound<'py, PyAny>>);
 
@@ -108,24 +142,7 @@ impl NativeModel {
         sm: String,
         constants: Vec<Row>,
     ) -> PyResult<Self> {
-        let rows = constants
-            .into_iter()
-            .map(|(fqn, source, dtype, shape)| {
-                let source = ConstantSource::parse(&source).ok_or_else(|| {
-                    Error::new(
-                        Code::RunPackageInvalid,
-                        format!("constant {fqn:?} has an unknown source {source:?}"),
-                    )
-                })?;
-                Ok(ConstantRow {
-                    fqn,
-                    source,
-                    dtype,
-                    shape,
-                })
-            })
-            .collect::<Result<Vec<_>, Error>>()
-            .py()?;
+        let rows = parse_rows(constants)?;
         let graph = py
             .detach(|| {
                 let torch = Torch::open(&torch_lib)?;
@@ -135,6 +152,69 @@ impl NativeModel {
         Ok(NativeModel {
             inner: Arc::new(graph),
         })
+    }
+
+    /// Load and bind in one overlapped step (the weights staged beside
+    /// opening libtorch and creating the container): `metadata` gives the
+    /// weights contract with the package's annex. Returns the model, the
+    /// ignored names, the count outside `strip_prefix` and the timings.
+    #[staticmethod]
+    #[pyo3(signature = (torch_lib, package, entry, device, sm, constants, metadata, weights, literals=None, strip_prefix=None, add_prefix=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn load(
+        py: Python<'_>,
+        torch_lib: PathBuf,
+        package: PathBuf,
+        entry: String,
+        device: String,
+        sm: String,
+        constants: Vec<Row>,
+        metadata: &Bound<'_, PyAny>,
+        weights: Vec<PathBuf>,
+        literals: Option<PathBuf>,
+        strip_prefix: Option<String>,
+        add_prefix: Option<String>,
+    ) -> PyResult<(NativeModel, Vec<String>, usize, Timings)> {
+        let rows = parse_rows(constants)?;
+        let (declared, contract_rows) = crate::artifact::contract_inputs(metadata)?;
+        let naming = naming(strip_prefix, add_prefix);
+        let (graph, report) = py
+            .detach(move || {
+                let contract = tcg_core::artifact::package::weights_contract_of(
+                    &package,
+                    &declared,
+                    &contract_rows,
+                )?;
+                let checkpoint = tcg_run::weights::Checkpoint::open(&weights, &naming)?;
+                Graph::load_bound(
+                    &torch_lib,
+                    &package,
+                    &entry,
+                    &device,
+                    &sm,
+                    rows,
+                    contract,
+                    &checkpoint,
+                    literals.as_deref(),
+                )
+            })
+            .py()?;
+        let t = timings(graph.load_timings());
+        Ok((
+            NativeModel {
+                inner: Arc::new(graph),
+            },
+            report.ignored,
+            report.outside_prefix,
+            t,
+        ))
+    }
+
+    /// How long loading took, phase by phase (`(name, seconds)`; empty for a
+    /// model made with the plain constructor).
+    #[getter]
+    fn load_timings(&self) -> Timings {
+        timings(self.inner.load_timings())
     }
 
     /// Use the weights contract of `package` (its annex, or what `metadata`
@@ -159,7 +239,7 @@ impl NativeModel {
     /// Bind the weights (safetensors files, sharded checkpoints by their
     /// index, or directories holding either; names mapped by the prefixes)
     /// and the literal payload when the graph has literals. Returns
-    /// `(ignored names, tensors outside strip_prefix)`.
+    /// `(ignored names, tensors outside strip_prefix, timings)`.
     #[pyo3(signature = (weights, literals=None, strip_prefix=None, add_prefix=None))]
     fn bind(
         &self,
@@ -168,19 +248,17 @@ impl NativeModel {
         literals: Option<PathBuf>,
         strip_prefix: Option<String>,
         add_prefix: Option<String>,
-    ) -> PyResult<(Vec<String>, usize)> {
+    ) -> PyResult<(Vec<String>, usize, Timings)> {
         let graph = Arc::clone(&self.inner);
-        let naming = tcg_run::weights::Naming {
-            strip_prefix: strip_prefix.unwrap_or_default(),
-            add_prefix: add_prefix.unwrap_or_default(),
-        };
+        let naming = naming(strip_prefix, add_prefix);
         let report = py
             .detach(move || {
                 let checkpoint = tcg_run::weights::Checkpoint::open(&weights, &naming)?;
                 graph.bind_checkpoint(&checkpoint, literals.as_deref())
             })
             .py()?;
-        Ok((report.ignored, report.outside_prefix))
+        let t = timings(&report.timings);
+        Ok((report.ignored, report.outside_prefix, t))
     }
 
     /// Run on `inputs` with the work queued on `stream` (0: the legacy
@@ -436,4 +514,91 @@ fn checkpoint_files(
         .into_iter()
         .map(|(f, names)| (f, names.map(|n| n.into_iter().collect())))
         .collect())
+}
+
+/// A checkpoint's headers, read and checked (no tensor data yet), for the
+/// torch-based load: it allocates one buffer and has the weights pipeline
+/// read the tensors it binds straight into it.
+#[pyclass(module = "torch_compiled_graphs._native", frozen)]
+struct CheckpointReader {
+    inner: Arc<tcg_run::weights::Checkpoint>,
+}
+
+#[pymethods]
+impl CheckpointReader {
+    #[new]
+    #[pyo3(signature = (weights, strip_prefix=None, add_prefix=None))]
+    fn new(
+        py: Python<'_>,
+        weights: Vec<PathBuf>,
+        strip_prefix: Option<String>,
+        add_prefix: Option<String>,
+    ) -> PyResult<Self> {
+        let naming = naming(strip_prefix, add_prefix);
+        let checkpoint = py
+            .detach(move || tcg_run::weights::Checkpoint::open(&weights, &naming))
+            .py()?;
+        Ok(CheckpointReader {
+            inner: Arc::new(checkpoint),
+        })
+    }
+
+    /// Every tensor by graph name: `(name, dtype, shape)`, dtype as inductor names it.
+    #[getter]
+    fn entries(&self) -> Vec<(String, String, Vec<usize>)> {
+        self.inner
+            .names()
+            .filter_map(|n| {
+                self.inner
+                    .entry(n)
+                    .map(|(_, e)| (n.to_owned(), e.dtype.clone(), e.shape.clone()))
+            })
+            .collect()
+    }
+
+    /// Tensors skipped for lying outside `strip_prefix`.
+    #[getter]
+    fn outside_prefix(&self) -> usize {
+        self.inner.skipped()
+    }
+
+    /// The bytes one allocation for `names` needs (constants 256-byte aligned).
+    fn layout_bytes(&self, names: Vec<String>) -> PyResult<usize> {
+        tcg_run::pipeline::layout_of(&self.inner, &names)
+            .map(|(_, _, total)| total)
+            .py()
+    }
+
+    /// Read `names` into the `capacity` bytes at `address` on `device`
+    /// (`cpu`, `cuda:N`): memory the caller allocated and holds during the
+    /// call. Returns each name's offset and the timings.
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        names: Vec<String>,
+        address: usize,
+        capacity: usize,
+        device: String,
+    ) -> PyResult<(Vec<(String, usize)>, Timings)> {
+        if address == 0 && capacity > 0 {
+            return Err(Error::new(
+                Code::RunWeightsInvalid,
+                "the buffer has no memory",
+            ))
+            .py();
+        }
+        let checkpoint = Arc::clone(&self.inner);
+        let (offsets, t) = py
+            .detach(move || {
+                let device = Device::parse(&device)?;
+                // SAFETY: the Python caller (torch_compiled_graphs.runner)
+                // passes a tensor's storage it allocated for this read and
+                // holds across the call.
+                unsafe {
+                    tcg_run::pipeline::read_to(&checkpoint, &names, address, capacity, device)
+                }
+            })
+            .py()?;
+        Ok((offsets, timings(&t)))
+    }
 }

@@ -8,8 +8,12 @@
 //!     --store STORE --key KEY --dest DIR --torch-lib .venv/.../torch/lib \
 //!     --weights weights.safetensors --io io.safetensors --in x [--out y] \
 //!     [--device cuda:0] [--repeat 100] [--rtol 1e-5 --atol 1e-6] \
-//!     [--strip-prefix unet.] [--add-prefix vae.]
+//!     [--strip-prefix unet.] [--add-prefix vae.] [--verbose]
 //! ```
+//!
+//! `--verbose` prints, on stderr, how long each phase of the cold start took
+//! (resolve, libraries opened, CUDA context, container created, weights
+//! read, copied, bound, first call); the JSON line carries them as `timings`.
 //!
 //! `--weights` takes a safetensors file, a sharded checkpoint's
 //! `*.safetensors.index.json`, or a directory holding either; repeat it to
@@ -44,6 +48,7 @@ struct Args {
     repeat: usize,
     rtol: f64,
     atol: f64,
+    verbose: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -71,6 +76,7 @@ fn parse() -> Result<Args, String> {
             "--repeat" => a.repeat = value()?.parse().map_err(|e| format!("--repeat: {e}"))?,
             "--rtol" => a.rtol = value()?.parse().map_err(|e| format!("--rtol: {e}"))?,
             "--atol" => a.atol = value()?.parse().map_err(|e| format!("--atol: {e}"))?,
+            "--verbose" => a.verbose = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -195,6 +201,7 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
                 format!("the store has no graph {}", args.key),
             )
         })?;
+    let resolve_s = start.elapsed().as_secs_f64();
     let served = Served::load_with(
         resolved,
         &args.torch_lib,
@@ -202,12 +209,27 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         &args.weights,
         &args.naming,
     )?;
+    let call = Instant::now();
     let outputs: Vec<OwnedTensor> = served.run_host(&host)?;
     let first: Vec<Vec<u8>> = outputs
         .iter()
         .map(OwnedTensor::to_host)
         .collect::<tcg_core::Result<_>>()?;
+    let first_call_s = call.elapsed().as_secs_f64();
     let ttfi = start.elapsed().as_secs_f64();
+    let mut timings: Vec<(&str, f64)> = vec![("resolve", resolve_s)];
+    timings.extend(served.timings().iter().copied());
+    timings.push(("first_call", first_call_s));
+    if args.verbose {
+        for (phase, secs) in &timings {
+            eprintln!("{phase:>17} {:9.1} ms", secs * 1e3);
+        }
+        eprintln!("{:>17} {:9.1} ms", "time to output", ttfi * 1e3);
+    }
+    let timings_json: Vec<String> = timings
+        .iter()
+        .map(|(k, v)| format!("\"{k}\":{v:.6}"))
+        .collect();
 
     let mut latencies = Vec::with_capacity(args.repeat);
     if args.repeat > 0 {
@@ -285,7 +307,7 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         .collect();
     let median = latencies.get(latencies.len() / 2).copied();
     println!(
-        "{{\"device\":\"{}\",\"torch_check\":\"{}\",\"ttfi_s\":{ttfi:.6},\"call_median_s\":{},\"calls\":{},\"outputs\":[{}],\"checked\":{},\"max_abs_err\":{worst:e},\"ignored\":{},\"ok\":{ok}}}",
+        "{{\"device\":\"{}\",\"torch_check\":\"{}\",\"ttfi_s\":{ttfi:.6},\"call_median_s\":{},\"calls\":{},\"outputs\":[{}],\"checked\":{},\"max_abs_err\":{worst:e},\"ignored\":{},\"timings\":{{{}}},\"ok\":{ok}}}",
         served.graph().device(),
         served.torch_check(),
         median.map_or("null".into(), |m| format!("{m:.9}")),
@@ -293,6 +315,7 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         shapes.join(","),
         expected.len(),
         served.bind_report().ignored.len(),
+        timings_json.join(","),
     );
     Ok(ok)
 }

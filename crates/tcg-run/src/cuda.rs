@@ -66,9 +66,6 @@ type StreamGuardDelete = unsafe extern "C" fn(*mut c_void) -> i32;
 type IntOut = unsafe extern "C" fn(*mut c_int) -> c_int;
 type Attribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
 type IntIn = unsafe extern "C" fn(c_int) -> c_int;
-type Malloc = unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int;
-type Free = unsafe extern "C" fn(*mut c_void) -> c_int;
-type Memcpy = unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> c_int;
 type PtrIn = unsafe extern "C" fn(*mut c_void) -> c_int;
 type NoArgs = unsafe extern "C" fn() -> c_int;
 type EventCreate = unsafe extern "C" fn(*mut *mut c_void, u32) -> c_int;
@@ -79,7 +76,6 @@ type ErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
 // cudaDeviceAttr values (driver_types.h), stable across CUDA releases.
 const ATTR_CC_MAJOR: c_int = 75;
 const ATTR_CC_MINOR: c_int = 76;
-const MEMCPY_HOST_TO_DEVICE: c_int = 1;
 const EVENT_DISABLE_TIMING: u32 = 2;
 
 /// libtorch's CUDA library and the CUDA runtime it uses.
@@ -90,9 +86,6 @@ pub struct Cuda {
     attribute: Attribute,
     set_device: IntIn,
     get_device: IntOut,
-    malloc: Malloc,
-    free: Free,
-    memcpy: Memcpy,
     stream_synchronize: PtrIn,
     device_synchronize: NoArgs,
     event_create: EventCreate,
@@ -147,9 +140,6 @@ impl Cuda {
             attribute: symbol(&lib, "cudaDeviceGetAttribute")?,
             set_device: symbol(&lib, "cudaSetDevice")?,
             get_device: symbol(&lib, "cudaGetDevice")?,
-            malloc: symbol(&lib, "cudaMalloc")?,
-            free: symbol(&lib, "cudaFree")?,
-            memcpy: symbol(&lib, "cudaMemcpy")?,
             stream_synchronize: symbol(&lib, "cudaStreamSynchronize")?,
             device_synchronize: symbol(&lib, "cudaDeviceSynchronize")?,
             event_create: symbol(&lib, "cudaEventCreateWithFlags")?,
@@ -323,58 +313,6 @@ impl Drop for StreamGuard<'_> {
     fn drop(&mut self) {
         // SAFETY: created by `stream_guard` and deleted exactly once here.
         unsafe { (self.cuda.stream_guard_delete)(self.guard) };
-    }
-}
-
-/// Device memory from `cudaMalloc`, freed on drop: the staging area weights
-/// pass through on their way into a graph's own constant buffer.
-pub(crate) struct DeviceBuffer<'a> {
-    cuda: &'a Cuda,
-    ptr: *mut c_void,
-}
-
-impl<'a> DeviceBuffer<'a> {
-    /// `bytes` bytes on the current device (at least one, so the pointer is real).
-    pub(crate) fn new(cuda: &'a Cuda, bytes: usize) -> Result<DeviceBuffer<'a>> {
-        let mut ptr: *mut c_void = std::ptr::null_mut();
-        // SAFETY: writes one pointer; the memory is freed once on drop.
-        cuda.check(
-            unsafe { (cuda.malloc)(&mut ptr, bytes.max(1)) },
-            "cudaMalloc",
-        )?;
-        Ok(DeviceBuffer { cuda, ptr })
-    }
-
-    pub(crate) fn ptr(&self) -> *mut u8 {
-        self.ptr.cast()
-    }
-
-    /// Copy `src` to `offset` (synchronous; `src` may be pageable host memory).
-    ///
-    /// # Safety
-    /// `offset + src.len()` must lie inside the buffer.
-    pub(crate) unsafe fn upload(&self, offset: usize, src: &[u8]) -> Result<()> {
-        // SAFETY: the caller keeps the range inside the allocation; `src` is a
-        // live slice; cudaMemcpy returns after the copy.
-        self.cuda.check(
-            unsafe {
-                (self.cuda.memcpy)(
-                    self.ptr().add(offset).cast(),
-                    src.as_ptr().cast(),
-                    src.len(),
-                    MEMCPY_HOST_TO_DEVICE,
-                )
-            },
-            "weight upload",
-        )
-    }
-}
-
-impl Drop for DeviceBuffer<'_> {
-    fn drop(&mut self) {
-        // SAFETY: allocated by cudaMalloc and freed once; cudaFree waits for
-        // work that uses it.
-        unsafe { (self.cuda.free)(self.ptr) };
     }
 }
 

@@ -11,29 +11,36 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use libloading::os::unix::{Library, Symbol, RTLD_LOCAL, RTLD_NOW};
 use tcg_core::artifact::metadata::{ConstantRow, ConstantSource};
 use tcg_core::{Code, Error, Result};
 
-use crate::cuda::{Device, DeviceBuffer};
+use crate::cuda::Device;
 use crate::extract::{extract, Extracted};
 use crate::inputs::{input_facts, InputFact};
+use crate::pipeline::{stage, Memory, Staged, Timings};
 use crate::stdmap::CxxAbi;
 use crate::torch::{BorrowedTensor, Dtype, TensorHandle, Torch};
-use crate::weights::{Checkpoint, Mapped, Naming};
+use crate::weights::{Checkpoint, Naming};
 use tcg_core::artifact::weights::WeightsContract;
 
 /// What a bind did besides binding: the provided names the graph does not
 /// bind (declared, dropped by the compiler) and how many tensors lay outside
 /// the `strip_prefix`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct BindReport {
     /// Provided names the compiled table does not bind, sorted.
     pub ignored: Vec<String>,
     /// Tensors skipped for lying outside `strip_prefix`.
     pub outside_prefix: usize,
+    /// Bytes of constants read from the files.
+    pub bytes: u64,
+    /// How long each phase of the bind took, in seconds (`plan_weights`,
+    /// `cuda_context` on a GPU, `read_weights`, `copy_weights`, `bind_weights`).
+    pub timings: Timings,
 }
 
 type Container = *mut c_void;
@@ -71,8 +78,17 @@ pub(crate) struct Api {
     delete: Delete,
     update_pairs: Option<UpdatePairs>,
     update_map: Option<UpdateMap>,
+    // The user-managed variants: the container keeps handles to the caller's
+    // memory instead of copying it into a buffer of its own.
+    user_pairs: Option<UpdatePairs>,
+    user_map: Option<UpdateMap>,
     pub(crate) run: Run,
     pub(crate) last_error: Option<LastError>,
+}
+
+enum Update {
+    Pairs(UpdatePairs),
+    Map(UpdateMap),
 }
 
 /// One constant of the container, in its index order.
@@ -124,6 +140,11 @@ pub struct Graph {
     cxx: Option<CxxAbi>,
     // How provided names bind the table (the artifact's weights contract).
     contract: RwLock<WeightsContract>,
+    // The allocation the container's constants live in, when it was handed
+    // over without a copy; freed after the container (see `Drop`).
+    weights: Mutex<Option<Memory>>,
+    // How long loading took, phase by phase.
+    load_timings: Timings,
     // Dropped after the container (field order): the .so, then its directory.
     _library: Library,
     _extracted: Extracted,
@@ -226,6 +247,16 @@ impl Graph {
             )
             .ok(),
             update_map: get(&library, "AOTInductorModelContainerUpdateConstantBuffer").ok(),
+            user_pairs: get(
+                &library,
+                "AOTInductorModelContainerUpdateUserManagedConstantBufferPairs",
+            )
+            .ok(),
+            user_map: get(
+                &library,
+                "AOTInductorModelContainerUpdateUserManagedConstantBuffer",
+            )
+            .ok(),
             run: get(&library, "AOTInductorModelContainerRun")?,
             // Older runtimes print their errors to stderr and export no getter.
             last_error: get(&library, "AOTInductorGetLastError").ok(),
@@ -286,6 +317,8 @@ impl Graph {
             lock: RwLock::new(()),
             cxx,
             contract: RwLock::new(WeightsContract::from_rows(&[])),
+            weights: Mutex::new(None),
+            load_timings: Vec::new(),
             _library: library,
             _extracted: extracted,
         };
@@ -482,160 +515,77 @@ impl Graph {
         *self.contract.write().unwrap_or_else(|p| p.into_inner()) = contract;
     }
 
-    /// [`Graph::bind`] of a checkpoint already read (one file, a sharded
-    /// checkpoint, a prefix applied).
+    /// [`Graph::bind`] of a checkpoint already opened (one file, a sharded
+    /// checkpoint, a prefix applied): staged by the weights pipeline, then
+    /// bound.
     pub fn bind_checkpoint(
         &self,
         checkpoint: &Checkpoint,
         literals: Option<&Path>,
     ) -> Result<BindReport> {
-        let plan = self
-            .contract
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .plan(checkpoint.names())?;
-        for (bound, other) in &plan.duplicates {
-            let (a, a_bytes) = checkpoint.get(bound).expect("planned from these names");
-            let (b, b_bytes) = checkpoint.get(other).expect("planned from these names");
-            if a.dtype != b.dtype || a.shape != b.shape || a_bytes != b_bytes {
-                return Err(Error::new(
-                    Code::RunConstantMismatch,
-                    format!(
-                        "{bound:?} and {other:?} share storage in the exported program, but the weights hold different values for them"
-                    ),
-                ));
-            }
-        }
-        let source_of: BTreeMap<&str, &str> = plan
-            .bind
-            .iter()
-            .map(|(row, name)| (row.as_str(), name.as_str()))
-            .collect();
-        let literal_file = if self.has_literals() {
-            let path = literals.ok_or_else(|| {
+        let rows: Vec<ConstantRow> = self.rows.values().cloned().collect();
+        let staged = {
+            let contract = self.contract.read().unwrap_or_else(|p| p.into_inner());
+            stage(
+                &rows,
+                &contract,
+                checkpoint,
+                literals,
+                self.device,
+                // `Graph::load` checked the device's capability already.
+                "",
+            )?
+        };
+        self.bind_staged(staged)
+    }
+
+    /// Hand staged constants to the container: without a copy where the
+    /// runtime has the user-managed API (the graph then keeps the allocation
+    /// until the next bind or its drop), else copied into the container's
+    /// own buffer (and the allocation freed when this returns).
+    pub fn bind_staged(&self, staged: Staged) -> Result<BindReport> {
+        let started = Instant::now();
+        let Staged {
+            memory,
+            placed,
+            ignored,
+            outside_prefix,
+            bytes,
+            mut timings,
+        } = staged;
+        let base = memory.ptr();
+        let mut tensors: Vec<(&ContainerConstant, BorrowedTensor)> = Vec::new();
+        for c in self.constants.iter().filter(|c| !c.from_folded) {
+            let p = placed.get(&c.fqn).ok_or_else(|| {
                 Error::new(
-                    Code::RunLiteralPayload,
-                    "the graph has literal constants but no literal payload was given",
+                    Code::RunConstantMissing,
+                    format!("the staged weights lack {:?}", c.fqn),
                 )
             })?;
-            Some(Mapped::open(path, Code::RunLiteralPayload)?)
-        } else {
-            None
-        };
-        let literal_entries = match &literal_file {
-            Some(m) => m.tensors(Code::RunLiteralPayload)?,
-            None => BTreeMap::new(),
-        };
-        let literal_rows: BTreeSet<&str> = self
-            .rows
-            .values()
-            .filter(|r| r.source == ConstantSource::Literal)
-            .map(|r| r.fqn.as_str())
-            .collect();
-        let literal_names: BTreeSet<&str> = literal_entries.keys().map(String::as_str).collect();
-        if literal_names != literal_rows {
-            return Err(Error::new(
-                Code::RunLiteralPayload,
-                format!(
-                    "literal payload holds {literal_names:?}, the graph declares {literal_rows:?}"
-                ),
-            ));
-        }
-
-        // Check every constant before anything is described to libtorch.
-        let mut checked: Vec<(&ContainerConstant, &[u8], Vec<i64>)> = Vec::new();
-        for c in self.constants.iter().filter(|c| !c.from_folded) {
-            let row = &self.rows[&c.fqn];
-            let (name, entry, bytes) = match row.source {
-                ConstantSource::Literal => {
-                    let file = literal_file.as_ref().expect("checked above");
-                    let entry = &literal_entries[&c.fqn];
-                    (c.fqn.as_str(), entry, file.bytes(entry))
-                }
-                _ => {
-                    let name = source_of.get(c.fqn.as_str()).copied().unwrap_or(&c.fqn);
-                    let (entry, bytes) = checkpoint.get(name).ok_or_else(|| {
-                        Error::new(
-                            Code::RunConstantMissing,
-                            format!("the weights lack {name:?}"),
-                        )
-                    })?;
-                    (name, entry, bytes)
-                }
-            };
-            let shape: Vec<u64> = entry.shape.iter().map(|&d| d as u64).collect();
-            if entry.dtype != row.dtype || shape != row.shape {
-                let shown = if name == c.fqn {
-                    format!("{:?}", c.fqn)
-                } else {
-                    format!("{:?} (bound from its alias {name:?})", c.fqn)
-                };
+            if p.dtype != c.dtype.name {
                 return Err(Error::new(
                     Code::RunConstantMismatch,
                     format!(
-                        "constant {shown} is {}{:?}, the graph was compiled for {}{:?}",
-                        entry.dtype, entry.shape, row.dtype, row.shape
+                        "constant {:?} is {}, the graph was compiled for {}",
+                        c.fqn, p.dtype, c.dtype.name
                     ),
                 ));
             }
-            let shape: Vec<i64> = entry.shape.iter().map(|&d| d as i64).collect();
-            checked.push((c, bytes, shape));
-        }
-        // On a GPU the mapped bytes go to one staging allocation first (the
-        // container refuses host tensors for device constants and copies from
-        // device memory into its own buffer); the staging memory is freed when
-        // this function returns, so binding does not keep a second copy.
-        let cuda = match self.device {
-            Device::Cuda(i) => Some((self.torch.cuda()?, i)),
-            Device::Cpu => None,
-        };
-        let _device_guard = match cuda {
-            Some((cuda, i)) => Some(cuda.device_guard(i)?),
-            None => None,
-        };
-        const ALIGN: usize = 256;
-        let mut offsets = Vec::with_capacity(checked.len());
-        let mut total = 0usize;
-        for (_, bytes, _) in &checked {
-            offsets.push(total);
-            total = total
-                .checked_add(bytes.len().div_ceil(ALIGN) * ALIGN)
-                .ok_or_else(|| invalid("the constants do not fit in memory".into()))?;
-        }
-        let staging = match cuda {
-            Some((cuda, _)) => Some(DeviceBuffer::new(cuda, total)?),
-            None => None,
-        };
-        let mut tensors: Vec<(&ContainerConstant, BorrowedTensor)> = Vec::new();
-        for ((c, bytes, shape), offset) in checked.iter().zip(offsets) {
-            let t = match &staging {
-                // SAFETY: `bytes` holds exactly product(shape) * element size
-                // bytes (checked when the file was parsed; the dtype matches the
-                // row, whose dtype matches the container's). The mapping outlives
-                // every handle: they drop at the end of this function, after the
-                // container copied the bytes. libtorch only reads through it.
-                None => unsafe {
-                    BorrowedTensor::new(
-                        &self.torch,
-                        bytes.as_ptr() as *mut c_void,
-                        shape,
-                        c.dtype,
-                        Device::Cpu,
-                    )?
-                },
-                // SAFETY: `offset + bytes.len()` lies inside the staging buffer
-                // (sized above); the buffer outlives every handle (dropped
-                // after `tensors`, declared before it).
-                Some(buffer) => unsafe {
-                    buffer.upload(offset, bytes)?;
-                    BorrowedTensor::new(
-                        &self.torch,
-                        buffer.ptr().add(offset).cast(),
-                        shape,
-                        c.dtype,
-                        self.device,
-                    )?
-                },
+            // SAFETY: `p.offset` and the constant's bytes (product(shape) *
+            // element size, checked against the file's header and the row,
+            // whose dtype is the container's) lie inside `memory`, which
+            // outlives every handle: they drop at the end of this function,
+            // and the container's own handles (user-managed) live no longer
+            // than `memory`, which the graph keeps until the next bind
+            // replaced them or the container is deleted.
+            let t = unsafe {
+                BorrowedTensor::new(
+                    &self.torch,
+                    (base + p.offset) as *mut c_void,
+                    &p.shape,
+                    c.dtype,
+                    self.device,
+                )?
             };
             tensors.push((c, t));
         }
@@ -646,30 +596,61 @@ impl Graph {
                 handle: t.handle(),
             })
             .collect();
+        let cuda = match self.device {
+            Device::Cuda(i) => Some((self.torch.cuda()?, i)),
+            Device::Cpu => None,
+        };
+        let _device_guard = match cuda {
+            Some((cuda, i)) => Some(cuda.device_guard(i)?),
+            None => None,
+        };
+        // The user-managed API first (no second copy on the device), by the
+        // C pairs where the runtime has them, else by a std::unordered_map.
+        let api = self.api;
+        // (`cxx` is set where the runtime lacks the C pairs API, torch 2.11,
+        // or a test asks for the std-map path.)
+        let how = if self.cxx.is_some() {
+            match (api.user_map, api.update_map) {
+                (Some(f), _) => Some((Update::Map(f), true)),
+                (None, Some(f)) => Some((Update::Map(f), false)),
+                (None, None) => None,
+            }
+        } else {
+            match (api.user_pairs, api.update_pairs) {
+                (Some(f), _) => Some((Update::Pairs(f), true)),
+                (None, Some(f)) => Some((Update::Pairs(f), false)),
+                (None, None) => None,
+            }
+        };
+        let Some((how, user_managed)) = how else {
+            return Err(invalid(
+                "the graph's .so exports no way to bind constants".into(),
+            ));
+        };
         let _exclusive = self.lock.write().unwrap_or_else(|p| p.into_inner());
         if let Some((cuda, _)) = cuda {
             // Runs queued earlier may still read the active buffer on the GPU.
             cuda.synchronize_device()?;
         }
         // The write lock keeps runs out while the active buffer changes.
-        let rc = match (self.api.update_pairs, &self.cxx) {
+        let rc = match how {
             // SAFETY: `pairs` is an array of `pairs.len()` entries whose names
             // and handles live until after the call; the container copies the
-            // data (not user-managed) and leaves the handles with us.
-            (Some(update), None) => unsafe {
+            // data (or, user-managed, takes handles of its own to it) and
+            // leaves ours with us.
+            Update::Pairs(update) => unsafe {
                 update(self.container, pairs.as_ptr(), pairs.len(), false, true)
             },
-            (_, Some(cxx)) => {
+            Update::Map(update) => {
+                let cxx = self.cxx.as_ref().expect("matched above");
                 let entries: Vec<(&CString, *mut c_void)> =
                     tensors.iter().map(|(c, t)| (&c.name, t.handle())).collect();
                 let map = cxx.map(&entries);
-                let update = self.api.update_map.expect("checked at load");
                 // SAFETY: `map` is a complete, read-only std::unordered_map in
                 // libstdc++'s layout (see `stdmap`) that outlives the call; the
-                // container only looks names up in it and copies the data.
+                // container only looks names up in it.
                 unsafe { update(self.container, map.as_ptr(), false, true) }
             }
-            (None, None) => unreachable!("refused at load"),
         };
         if rc != 0 {
             return Err(invalid(format!(
@@ -677,10 +658,82 @@ impl Graph {
                 last_error(self.api.last_error)
             )));
         }
+        drop(tensors);
+        let mut held = self.weights.lock().unwrap_or_else(|p| p.into_inner());
+        // The container now reads the new allocation (or its own copy); the
+        // previous allocation is no longer referenced and is freed here.
+        *held = if user_managed { Some(memory) } else { None };
+        timings.push(("bind_weights", started.elapsed().as_secs_f64()));
         Ok(BindReport {
-            ignored: plan.ignored,
-            outside_prefix: checkpoint.skipped(),
+            ignored,
+            outside_prefix,
+            bytes,
+            timings,
         })
+    }
+
+    /// How long loading took, phase by phase (`open_libraries`,
+    /// `create_container`, and those of the first bind when the graph was
+    /// loaded with [`Graph::load_bound`]).
+    pub fn load_timings(&self) -> &Timings {
+        &self.load_timings
+    }
+
+    /// Load the graph (as [`Graph::load`]) and bind `weights` in one step,
+    /// overlapped: the weights are staged on another thread (on a GPU, with
+    /// the CUDA driver: the device context, a pinned ring, the copies) while
+    /// libtorch's libraries are opened and the container is created; only
+    /// the final hand-over waits for both.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load_bound(
+        torch_lib: &Path,
+        package: &Path,
+        entry: &str,
+        device: &str,
+        sm: &str,
+        rows: Vec<ConstantRow>,
+        contract: WeightsContract,
+        checkpoint: &Checkpoint,
+        literals: Option<&Path>,
+    ) -> Result<(Graph, BindReport)> {
+        let started = Instant::now();
+        let parsed = Device::parse(device)?;
+        let wants = tcg_core::artifact::package::cubin::sm_number(sm);
+        if parsed.is_cuda() != wants.is_some() {
+            return Err(Error::new(
+                Code::RunDeviceMismatch,
+                format!("the artifact is for {sm}; it cannot run on {parsed}"),
+            ));
+        }
+        let (loaded, staged) = std::thread::scope(|scope| {
+            let staging = scope.spawn(|| stage(&rows, &contract, checkpoint, literals, parsed, sm));
+            let loaded = (|| -> Result<(Graph, Timings)> {
+                let mut timings: Timings = Vec::new();
+                let t = Instant::now();
+                let torch = Torch::open(torch_lib)?;
+                if parsed.is_cuda() {
+                    torch.cuda()?;
+                }
+                timings.push(("open_libraries", t.elapsed().as_secs_f64()));
+                let t = Instant::now();
+                let graph = Graph::load(torch, package, entry, device, sm, rows.clone())?;
+                timings.push(("create_container", t.elapsed().as_secs_f64()));
+                Ok((graph, timings))
+            })();
+            let staged = staging
+                .join()
+                .unwrap_or_else(|_| Err(invalid("the weights pipeline panicked".into())));
+            (loaded, staged)
+        });
+        // A package or device refusal says more than what staging hit after it.
+        let (mut graph, mut timings) = loaded?;
+        let staged = staged?;
+        graph.set_contract(contract);
+        let report = graph.bind_staged(staged)?;
+        timings.extend(report.timings.iter().copied());
+        timings.push(("load_total", started.elapsed().as_secs_f64()));
+        graph.load_timings = timings;
+        Ok((graph, report))
     }
 }
 
@@ -710,7 +763,14 @@ pub(crate) fn last_error(f: Option<LastError>) -> String {
 impl Drop for Graph {
     fn drop(&mut self) {
         // SAFETY: the container was created by this value and is deleted once,
-        // before the library that implements it is closed (field order).
+        // before the library that implements it is closed (field order) and
+        // before the constants' allocation it may point into is freed.
         unsafe { (self.api.delete)(self.container) };
+        drop(
+            self.weights
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
     }
 }

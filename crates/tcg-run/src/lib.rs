@@ -19,9 +19,11 @@
 pub mod call;
 pub mod cuda;
 pub mod dlpack;
+pub mod driver;
 pub mod extract;
 pub mod graph;
 pub mod inputs;
+pub mod pipeline;
 pub mod serve;
 mod stdmap;
 pub mod torch;

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use sha2::{Digest, Sha256};
+use tcg_core::artifact::metadata::ConstantSource;
 use tcg_core::engine::{Engine, Resolved};
 use tcg_core::{Code, Error, Result};
 
@@ -220,17 +221,29 @@ impl Served {
         naming: &Naming,
     ) -> Result<Served> {
         let torch_check = check_torch(&resolved, torch_lib)?;
-        let torch = Torch::open(torch_lib)?;
-        let graph = Graph::load(
-            torch,
-            &resolved
-                .destination
-                .join(tcg_core::artifact::PACKAGE_MEMBER),
+        let package = resolved
+            .destination
+            .join(tcg_core::artifact::PACKAGE_MEMBER);
+        let contract = tcg_core::artifact::package::weights_contract(&package, &resolved.metadata)?;
+        let rows = resolved.metadata.constants().to_vec();
+        let literals = resolved
+            .destination
+            .join(tcg_core::artifact::LITERALS_MEMBER);
+        let has_literals = rows.iter().any(|r| r.source == ConstantSource::Literal);
+        let checkpoint = Checkpoint::open(weights, naming)?;
+        // Loaded and bound in one overlapped step (see `Graph::load_bound`).
+        let (graph, bind_report) = Graph::load_bound(
+            torch_lib,
+            &package,
             resolved.metadata.name(),
             device,
             resolved.metadata.sm(),
-            resolved.metadata.constants().to_vec(),
+            rows,
+            contract,
+            &checkpoint,
+            has_literals.then_some(literals.as_path()),
         )?;
+        drop(checkpoint);
         let (facts, symbols, ranges) = match ingress(&resolved) {
             Some((facts, symbols)) => {
                 if facts.len() != graph.num_inputs() {
@@ -280,22 +293,6 @@ impl Served {
                 (facts, BTreeMap::new(), ranges)
             }
         };
-        let package = resolved
-            .destination
-            .join(tcg_core::artifact::PACKAGE_MEMBER);
-        graph.set_contract(tcg_core::artifact::package::weights_contract(
-            &package,
-            &resolved.metadata,
-        )?);
-        let literals = resolved
-            .destination
-            .join(tcg_core::artifact::LITERALS_MEMBER);
-        let checkpoint = Checkpoint::open(weights, naming)?;
-        let bind_report = graph.bind_checkpoint(
-            &checkpoint,
-            graph.has_literals().then_some(literals.as_path()),
-        )?;
-        drop(checkpoint);
         Ok(Served {
             bind_report: RwLock::new(bind_report),
             graph,
@@ -343,6 +340,15 @@ impl Served {
         )?;
         *self.bind_report.write().unwrap_or_else(|p| p.into_inner()) = report.clone();
         Ok(report)
+    }
+
+    /// How long loading took, phase by phase, in seconds: `open_libraries`,
+    /// `create_container`, `plan_weights`, `cuda_context` (on a GPU),
+    /// `read_weights`, `copy_weights`, `bind_weights`, `load_total`. Staging
+    /// the weights runs beside opening the libraries and creating the
+    /// container, so the phases overlap; `load_total` is the wall time.
+    pub fn timings(&self) -> &crate::pipeline::Timings {
+        self.graph.load_timings()
     }
 
     /// What the last bind ignored (declared names the compiler dropped).

@@ -1,24 +1,30 @@
-//! Safetensors files, read into memory this process owns and checked against
-//! the constant table.
+//! Safetensors files: their headers parsed and checked, their tensors read
+//! later into memory this process owns.
 //!
-//! The file is read with `read(2)`, not mapped: a mapping of a file that
-//! another process truncates or rewrites faults (`SIGBUS`) on the next touch
-//! of a vanished page and kills the process. Reading costs one copy from the
-//! page cache, which is small next to the container's own copy of every
-//! constant, and the buffer is dropped as soon as the constants are bound.
-//! A file that changes while it is read gives either a consistent read or a
-//! typed refusal (a header or tensor that no longer fits), never a crash.
+//! A file is opened once and read with `pread(2)` from that one descriptor,
+//! never mapped: a mapping of a file that another process truncates or
+//! rewrites faults (`SIGBUS`) on the next touch of a vanished page and kills
+//! the process. Opening reads only the header (bounded, as the safetensors
+//! format bounds it) and checks that the file holds exactly the bytes the
+//! header declares; the tensors are read by the weights pipeline
+//! ([`crate::pipeline`]) straight into their final place. A file that is
+//! truncated or changed after it was opened is a typed refusal (a short read,
+//! or a size or modification time that differs from what was seen at open),
+//! never a crash.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::io::Read;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use safetensors::SafeTensors;
+use safetensors::tensor::{Metadata, TensorInfo};
 use tcg_core::artifact::literals::dtype_by_code;
 use tcg_core::{Code, Error, Result};
 
-/// One tensor of a mapped file: its dtype name, shape and where its bytes are.
+/// The most bytes a safetensors header may hold (the format's own bound).
+pub const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// One tensor of a file: its dtype name, shape and where its bytes are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// Inductor's dtype name, or the lower-cased safetensors code for a dtype
@@ -26,36 +32,130 @@ pub struct Entry {
     pub dtype: String,
     /// The shape.
     pub shape: Vec<usize>,
-    range: std::ops::Range<usize>,
+    /// The absolute offset of its first byte in the file.
+    pub offset: u64,
+    /// Its length in bytes.
+    pub len: usize,
 }
 
-/// A safetensors file read into an owned buffer.
-pub struct Mapped {
-    path: PathBuf,
-    map: Vec<u8>,
+/// What identifies a file's contents cheaply: compared at open and after a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    ino: u64,
 }
 
-impl std::fmt::Debug for Mapped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mapped").field("path", &self.path).finish()
+fn stamp(meta: &std::fs::Metadata) -> Stamp {
+    Stamp {
+        len: meta.len(),
+        mtime: (meta.mtime(), meta.mtime_nsec()),
+        ctime: (meta.ctime(), meta.ctime_nsec()),
+        ino: meta.ino(),
     }
 }
 
-impl Mapped {
-    /// Read `path`; a missing or unreadable file is an error of `code`.
-    pub fn open(path: &Path, code: Code) -> Result<Mapped> {
-        let mut file = File::open(path)
-            .map_err(|e| Error::new(code, format!("cannot open {}: {e}", path.display())))?;
-        let hint = file.metadata().map(|m| m.len()).unwrap_or(0);
-        let mut map = Vec::new();
-        map.try_reserve_exact(usize::try_from(hint).unwrap_or(0))
-            .map_err(|e| Error::new(code, format!("cannot read {}: {e}", path.display())))?;
-        file.read_to_end(&mut map)
-            .map_err(|e| Error::new(code, format!("cannot read {}: {e}", path.display())))?;
-        Ok(Mapped {
-            path: path.to_owned(),
-            map,
-        })
+/// A safetensors file, open, its header parsed and checked against its size.
+pub struct Source {
+    path: PathBuf,
+    file: File,
+    stamp: Stamp,
+    code: Code,
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Source").field("path", &self.path).finish()
+    }
+}
+
+impl Source {
+    /// Open `path` and parse its header; every refusal is an error of `code`.
+    /// Returns the file and its tensors by name.
+    pub fn open(path: &Path, code: Code) -> Result<(Source, BTreeMap<String, Entry>)> {
+        let err = |what: String| Error::new(code, format!("{}: {what}", path.display()));
+        let file = File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| err(format!("cannot stat: {e}")))?;
+        if !meta.is_file() {
+            return Err(err("is not a regular file".into()));
+        }
+        let size = meta.len();
+        let mut n = [0u8; 8];
+        file.read_exact_at(&mut n, 0).map_err(|_| {
+            err(format!(
+                "is not a valid safetensors file: {size} bytes, too short for a header"
+            ))
+        })?;
+        let n = u64::from_le_bytes(n);
+        if n > MAX_HEADER_BYTES {
+            return Err(err(format!(
+                "is not a valid safetensors file: its header claims {n} bytes, more than the {MAX_HEADER_BYTES} allowed"
+            )));
+        }
+        if 8 + n > size {
+            return Err(err(format!(
+                "is truncated: its header claims {n} bytes, the file holds {size} in all"
+            )));
+        }
+        let mut header = vec![0u8; n as usize];
+        file.read_exact_at(&mut header, 8)
+            .map_err(|e| err(format!("cannot read the header: {e}")))?;
+        let parsed = parse_header(&header)
+            .map_err(|e| err(format!("is not a valid safetensors file: {e}")))?;
+        let data_start = 8 + n;
+        let data_len = parsed.data_len() as u64;
+        if data_start + data_len != size {
+            return Err(err(if data_start + data_len > size {
+                format!(
+                    "is truncated: its header declares {} bytes of tensors, the file holds {}",
+                    data_len,
+                    size - data_start
+                )
+            } else {
+                format!(
+                    "holds {} bytes after the tensors its header declares (not a safetensors file as written)",
+                    size - data_start - data_len
+                )
+            }));
+        }
+        let mut out = BTreeMap::new();
+        for (name, info) in parsed.tensors() {
+            let st_code = info.dtype.to_string();
+            let dtype = match dtype_by_code(&st_code) {
+                Some((name, _)) => name.to_owned(),
+                None => st_code.to_lowercase(),
+            };
+            // A dimension must be an int64 for libtorch (with a zero dimension
+            // elsewhere, the byte size cannot tell).
+            if info.shape.iter().any(|&d| i64::try_from(d).is_err()) {
+                return Err(err(format!(
+                    "tensor {name:?} has shape {:?}, beyond int64",
+                    info.shape
+                )));
+            }
+            let (start, end) = info.data_offsets;
+            out.insert(
+                name,
+                Entry {
+                    dtype,
+                    shape: info.shape.clone(),
+                    offset: data_start + start as u64,
+                    len: end - start,
+                },
+            );
+        }
+        Ok((
+            Source {
+                path: path.to_owned(),
+                file,
+                stamp: stamp(&meta),
+                code,
+            },
+            out,
+        ))
     }
 
     /// The path.
@@ -63,72 +163,82 @@ impl Mapped {
         &self.path
     }
 
-    /// Parse the header (bounded by the safetensors crate: header size,
-    /// offsets inside the file, no overlap) and list every tensor by name.
-    pub fn tensors(&self, code: Code) -> Result<BTreeMap<String, Entry>> {
-        let parsed = SafeTensors::deserialize(&self.map).map_err(|e| {
+    /// Fill `buf` from `offset`; a short read (the file shrank) is an error.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.file.read_exact_at(buf, offset).map_err(|e| {
             Error::new(
-                code,
+                self.code,
                 format!(
-                    "{} is not a valid safetensors file: {e}",
+                    "{}: cannot read {} bytes at offset {offset} (the file changed or was truncated after it was opened?): {e}",
+                    self.path.display(),
+                    buf.len()
+                ),
+            )
+        })
+    }
+
+    /// Refuse a file whose size, inode or modification time differ from
+    /// what was seen when it was opened (it was rewritten in place meanwhile).
+    pub fn check_unchanged(&self) -> Result<()> {
+        let now = self.file.metadata().map_err(|e| {
+            Error::new(
+                self.code,
+                format!("{}: cannot stat: {e}", self.path.display()),
+            )
+        })?;
+        if stamp(&now) != self.stamp {
+            return Err(Error::new(
+                self.code,
+                format!(
+                    "{} changed while its weights were read (size or modification time differ from when it was opened); nothing was bound",
+                    self.path.display()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The bytes of `entry`, a tensor of this file, read into a new buffer.
+    pub fn read_entry(&self, entry: &Entry) -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        buf.try_reserve_exact(entry.len).map_err(|e| {
+            Error::new(
+                Code::RunWeightsTooLarge,
+                format!(
+                    "cannot hold {} bytes of {}: {e}",
+                    entry.len,
                     self.path.display()
                 ),
             )
         })?;
-        let base = self.map.as_ptr() as usize;
-        let mut out = BTreeMap::new();
-        for (name, view) in parsed.tensors() {
-            // Inductor's name through the artifact layer's one safetensors table.
-            let st_code = view.dtype().to_string();
-            let dtype = match dtype_by_code(&st_code) {
-                Some((name, _)) => name.to_owned(),
-                None => st_code.to_lowercase(),
-            };
-            let data = view.data();
-            // A dimension must be an int64 for libtorch (with a zero
-            // dimension elsewhere, the byte size below cannot tell).
-            if view.shape().iter().any(|&d| i64::try_from(d).is_err()) {
-                return Err(Error::new(
-                    code,
-                    format!(
-                        "{}: tensor {name:?} has shape {:?}, beyond int64",
-                        self.path.display(),
-                        view.shape()
-                    ),
-                ));
-            }
-            let numel = view
-                .shape()
-                .iter()
-                .try_fold(1usize, |n, &d| n.checked_mul(d));
-            let expected = numel.and_then(|n| n.checked_mul(view.dtype().bitsize() / 8));
-            if expected != Some(data.len()) {
-                return Err(Error::new(
-                    code,
-                    format!(
-                        "{}: tensor {name:?} holds {} bytes, its shape needs {expected:?}",
-                        self.path.display(),
-                        data.len()
-                    ),
-                ));
-            }
-            let start = data.as_ptr() as usize - base;
-            out.insert(
-                name,
-                Entry {
-                    dtype,
-                    shape: view.shape().to_vec(),
-                    range: start..start + data.len(),
-                },
-            );
-        }
-        Ok(out)
+        buf.resize(entry.len, 0);
+        self.read_at(&mut buf, entry.offset)?;
+        Ok(buf)
     }
+}
 
-    /// The bytes of `entry`, a tensor of this file.
-    pub fn bytes(&self, entry: &Entry) -> &[u8] {
-        &self.map[entry.range.clone()]
+/// The header as the safetensors format defines it: a JSON object of tensor
+/// infos (and an optional `__metadata__` map of strings), whose data ranges
+/// must tile the data section exactly (checked by the safetensors crate).
+fn parse_header(header: &[u8]) -> std::result::Result<Metadata, String> {
+    let text = std::str::from_utf8(header).map_err(|e| format!("its header is not UTF-8: {e}"))?;
+    let value: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(text).map_err(|e| format!("its header is not a JSON object: {e}"))?;
+    let mut tensors: Vec<(String, TensorInfo)> = Vec::with_capacity(value.len());
+    let mut extra = None;
+    for (name, v) in value {
+        if name == "__metadata__" {
+            let m: std::collections::HashMap<String, String> = serde_json::from_value(v)
+                .map_err(|e| format!("its __metadata__ is not a map of strings: {e}"))?;
+            extra = Some(m);
+            continue;
+        }
+        let info: TensorInfo = serde_json::from_value(v)
+            .map_err(|e| format!("tensor {name:?} is not a tensor entry: {e}"))?;
+        tensors.push((name, info));
     }
+    tensors.sort_by_key(|(_, info)| info.data_offsets);
+    Metadata::new(extra, tensors).map_err(|e| format!("{e}"))
 }
 
 /// How the names of a checkpoint become the graph's names: names that do not
@@ -149,7 +259,7 @@ pub const MAX_INDEX_BYTES: u64 = 64 << 20;
 /// One or more safetensors files read into memory this process owns, their
 /// tensors named as the graph names them ([`Naming`]).
 pub struct Checkpoint {
-    files: Vec<Mapped>,
+    files: Vec<Source>,
     names: BTreeMap<String, (usize, Entry)>,
     skipped: usize,
 }
@@ -278,8 +388,7 @@ impl Checkpoint {
         let mut skipped = 0usize;
         for path in paths {
             for (file, expected) in checkpoint_files(path)? {
-                let mapped = Mapped::open(&file, Code::RunWeightsInvalid)?;
-                let tensors = mapped.tensors(Code::RunWeightsInvalid)?;
+                let (mapped, tensors) = Source::open(&file, Code::RunWeightsInvalid)?;
                 if let Some(expected) = &expected {
                     let held: BTreeSet<&String> = tensors.keys().collect();
                     let want: BTreeSet<&String> = expected.iter().collect();
@@ -311,7 +420,7 @@ impl Checkpoint {
                             "{graph_name:?} is in both {} and {}",
                             files
                                 .get(*other)
-                                .map(|m: &Mapped| m.path().display().to_string())
+                                .map(|m: &Source| m.path().display().to_string())
                                 .unwrap_or_else(|| file.display().to_string()),
                             file.display()
                         )));
@@ -333,11 +442,22 @@ impl Checkpoint {
         self.names.keys().map(String::as_str)
     }
 
-    /// A tensor by graph name: its entry and bytes.
-    pub fn get(&self, name: &str) -> Option<(&Entry, &[u8])> {
-        self.names
-            .get(name)
-            .map(|(i, e)| (e, self.files[*i].bytes(e)))
+    /// A tensor by graph name: its entry and the index of its file.
+    pub fn entry(&self, name: &str) -> Option<(usize, &Entry)> {
+        self.names.get(name).map(|(i, e)| (*i, e))
+    }
+
+    /// The files, in the order [`Checkpoint::entry`] indexes them.
+    pub fn sources(&self) -> &[Source] {
+        &self.files
+    }
+
+    /// The bytes of one tensor, read now (for comparing aliases).
+    pub fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        match self.names.get(name) {
+            Some((i, e)) => self.files[*i].read_entry(e).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The file a tensor was read from.
@@ -370,26 +490,73 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         // A zero dimension hides a dimension libtorch cannot take.
         let p = file(d.path(), "[0,18446744073709551615]");
-        let err = Mapped::open(&p, Code::RunWeightsInvalid)
-            .unwrap()
-            .tensors(Code::RunWeightsInvalid)
-            .unwrap_err();
+        let err = Source::open(&p, Code::RunWeightsInvalid).unwrap_err();
         assert_eq!(err.code(), Code::RunWeightsInvalid);
         assert!(err.message().contains("beyond int64"), "{err}");
         // An element count that overflows: refused (by the parser's checked
         // arithmetic or ours), never a panic.
         let p = file(d.path(), "[4294967296,4294967296,2]");
-        let err = Mapped::open(&p, Code::RunWeightsInvalid)
-            .unwrap()
-            .tensors(Code::RunWeightsInvalid)
-            .unwrap_err();
+        let err = Source::open(&p, Code::RunWeightsInvalid).unwrap_err();
         assert_eq!(err.code(), Code::RunWeightsInvalid);
         // A sane empty tensor is fine.
         let p = file(d.path(), "[0,4]");
-        let t = Mapped::open(&p, Code::RunWeightsInvalid)
-            .unwrap()
-            .tensors(Code::RunWeightsInvalid)
-            .unwrap();
+        let (_, t) = Source::open(&p, Code::RunWeightsInvalid).unwrap();
         assert_eq!(t["t"].shape, vec![0, 4]);
+    }
+
+    fn two_tensors(dir: &Path) -> PathBuf {
+        let header = r#"{"__metadata__":{"format":"pt"},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},"a":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend((0u8..16).collect::<Vec<_>>());
+        let p = dir.join("two.safetensors");
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn headers_are_read_alone_and_tensors_on_demand() {
+        let d = tempfile::tempdir().unwrap();
+        let p = two_tensors(d.path());
+        let (src, t) = Source::open(&p, Code::RunWeightsInvalid).unwrap();
+        assert_eq!(t["a"].dtype, "bfloat16");
+        assert_eq!(t["b"].dtype, "float32");
+        assert_eq!(
+            src.read_entry(&t["b"]).unwrap(),
+            (8u8..16).collect::<Vec<_>>()
+        );
+        assert_eq!(t["a"].len, 8);
+        src.check_unchanged().unwrap();
+    }
+
+    #[test]
+    fn truncated_padded_and_changed_files_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let p = two_tensors(d.path());
+        let full = std::fs::read(&p).unwrap();
+        // Truncated: the header declares more than the file holds.
+        std::fs::write(&p, &full[..full.len() - 3]).unwrap();
+        let err = Source::open(&p, Code::RunWeightsInvalid).unwrap_err();
+        assert_eq!(err.code(), Code::RunWeightsInvalid);
+        assert!(err.message().contains("truncated"), "{err}");
+        // Trailing bytes the header does not declare.
+        let mut long = full.clone();
+        long.push(0);
+        std::fs::write(&p, &long).unwrap();
+        let err = Source::open(&p, Code::RunWeightsInvalid).unwrap_err();
+        assert!(err.message().contains("after the tensors"), "{err}");
+        // A header length beyond the file.
+        std::fs::write(&p, 1000u64.to_le_bytes()).unwrap();
+        let err = Source::open(&p, Code::RunWeightsInvalid).unwrap_err();
+        assert!(err.message().contains("truncated"), "{err}");
+        // Changed after open: truncated in place, then rewritten.
+        std::fs::write(&p, &full).unwrap();
+        let (src, t) = Source::open(&p, Code::RunWeightsInvalid).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(full.len() as u64 - 8).unwrap();
+        let err = src.read_entry(&t["b"]).unwrap_err();
+        assert_eq!(err.code(), Code::RunWeightsInvalid);
+        let err = src.check_unchanged().unwrap_err();
+        assert!(err.message().contains("changed while"), "{err}");
     }
 }

@@ -1,0 +1,875 @@
+//! The weights pipeline: from safetensors files to each constant's final
+//! place, read once, checked before anything is bound.
+//!
+//! Staging ([`stage`]) plans the bind from the files' headers alone (every
+//! constant by fqn, dtype and shape against the artifact's table, aliases and
+//! ignored names by the weights contract), lays the constants out in **one**
+//! allocation (256-byte aligned), refuses weights that do not fit the
+//! device's free memory, and then reads:
+//!
+//! - on a GPU, several threads `pread` the files into a small ring of pinned
+//!   staging buffers; each buffer is copied to the device on a copy stream
+//!   while the next is read, straight to the constant's final address;
+//! - on the CPU, the same threads `pread` straight into the final allocation.
+//!
+//! Reads go into memory this process owns (no mapping of a file another
+//! process can truncate); a file that shrinks is a short read, one rewritten
+//! in place is caught by its size and modification time after the read, and
+//! both are typed refusals. The allocation is then handed to the container
+//! without a second copy where its C API allows it
+//! ([`crate::graph::Graph::bind_staged`]).
+//!
+//! Staging needs neither libtorch nor the container: on a GPU it uses the
+//! CUDA driver directly ([`crate::driver`]), so a load can create the device
+//! context and stream the weights while libtorch's libraries are opened.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+use tcg_core::artifact::metadata::{ConstantRow, ConstantSource};
+use tcg_core::artifact::weights::WeightsContract;
+use tcg_core::{Code, Error, Result};
+
+use crate::cuda::Device;
+use crate::driver::{Context, DeviceMemory, Driver, Event, PinnedMemory, Stream};
+use crate::weights::{Checkpoint, Entry, Source};
+
+/// Where constants start inside the allocation (a multiple of what any
+/// kernel's vector loads need, and of AOTInductor's own 64).
+pub const ALIGN: usize = 256;
+/// The size of one pinned staging buffer.
+pub const SLOT_BYTES: usize = 4 << 20;
+/// The environment variable that sets the number of reader threads (1 to 64).
+pub const THREADS_ENV: &str = "TORCH_COMPILED_GRAPHS_READ_THREADS";
+
+/// Named durations in seconds, in the order they were measured.
+pub type Timings = Vec<(&'static str, f64)>;
+
+/// The reader threads: [`THREADS_ENV`] when set to 1..=64, else the
+/// machine's parallelism, at most 8.
+pub fn reader_threads() -> usize {
+    if let Some(n) = std::env::var(THREADS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| (1..=64).contains(n))
+    {
+        return n;
+    }
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 8)
+}
+
+/// Host memory for constants: page-aligned, zeroed, freed on drop.
+pub struct HostMemory {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: plain heap memory; the pipeline writes disjoint ranges from its
+// threads and nothing reads it until they are joined.
+unsafe impl Send for HostMemory {}
+// SAFETY: as above.
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    fn new(len: usize) -> Result<HostMemory> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
+            .map_err(|e| too_large(format!("{len} bytes cannot be laid out: {e}")))?;
+        // SAFETY: a non-zero size; freed once on drop with the same layout.
+        // Zeroed pages are mapped lazily, so this costs nothing up front.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(too_large(format!(
+                "cannot allocate {len} bytes of host memory for the weights"
+            )));
+        }
+        Ok(HostMemory { ptr, layout })
+    }
+
+    /// The address.
+    pub fn ptr(&self) -> usize {
+        self.ptr as usize
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// The one allocation that holds every staged constant.
+pub enum Memory {
+    /// On the host, for a CPU graph.
+    Host(HostMemory),
+    /// On a CUDA device.
+    Device(DeviceMemory),
+}
+
+impl std::fmt::Debug for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Memory::Host(h) => write!(f, "Memory::Host({} bytes)", h.layout.size()),
+            Memory::Device(d) => write!(f, "Memory::{d:?}"),
+        }
+    }
+}
+
+impl Memory {
+    /// The address of byte 0 (a device address on a GPU).
+    pub fn ptr(&self) -> usize {
+        match self {
+            Memory::Host(h) => h.ptr(),
+            Memory::Device(d) => d.ptr(),
+        }
+    }
+}
+
+/// Where one constant was placed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    /// Its byte offset inside the allocation.
+    pub offset: usize,
+    /// Inductor's dtype name.
+    pub dtype: String,
+    /// The shape.
+    pub shape: Vec<i64>,
+}
+
+/// Constants read and placed, ready to bind.
+#[derive(Debug)]
+pub struct Staged {
+    /// The allocation.
+    pub memory: Memory,
+    /// Every non-computed constant of the table by fqn.
+    pub placed: BTreeMap<String, Placed>,
+    /// Provided names the table does not bind (declared, dropped), sorted.
+    pub ignored: Vec<String>,
+    /// Tensors skipped for lying outside `strip_prefix`.
+    pub outside_prefix: usize,
+    /// Bytes read.
+    pub bytes: u64,
+    /// `cuda_context`, `read_weights`, `copy_weights` (and `plan_weights`).
+    pub timings: Timings,
+}
+
+fn too_large(message: String) -> Error {
+    Error::new(Code::RunWeightsTooLarge, message)
+}
+
+fn gib(n: u64) -> String {
+    format!("{:.2} GiB", n as f64 / (1u64 << 30) as f64)
+}
+
+/// One contiguous range of a file that goes to `dst` in the allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    /// The index of the source file.
+    pub source: usize,
+    /// The offset in the file.
+    pub offset: u64,
+    /// The length in bytes.
+    pub len: usize,
+    /// The offset in the allocation.
+    pub dst: usize,
+}
+
+/// The host memory Linux says can be allocated without swapping
+/// (`MemAvailable`), when it says.
+fn host_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuse `need` bytes where `available` (when known) is less.
+pub fn check_capacity(need: u64, available: Option<u64>, place: &str) -> Result<()> {
+    match available {
+        Some(have) if need > have => Err(too_large(format!(
+            "the weights need {} ({need} bytes) on {place}, which has {} available; free memory there or use a larger device",
+            gib(need),
+            gib(have)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Check every constant of `rows` against the checkpoint (and the literal
+/// payload), then read them into one allocation on `device`. `sm` is the
+/// artifact's target (`cpu…` or `sm_NN`): a CUDA device of another
+/// capability is refused before anything is read.
+pub fn stage(
+    rows: &[ConstantRow],
+    contract: &WeightsContract,
+    checkpoint: &Checkpoint,
+    literals: Option<&Path>,
+    device: Device,
+    sm: &str,
+) -> Result<Staged> {
+    let started = Instant::now();
+    let mut timings: Timings = Vec::new();
+    let plan = contract.plan(checkpoint.names())?;
+    for (bound, other) in &plan.duplicates {
+        let (_, a) = checkpoint.entry(bound).expect("planned from these names");
+        let (_, b) = checkpoint.entry(other).expect("planned from these names");
+        let same = a.dtype == b.dtype
+            && a.shape == b.shape
+            && checkpoint.read(bound)? == checkpoint.read(other)?;
+        if !same {
+            return Err(Error::new(
+                Code::RunConstantMismatch,
+                format!(
+                    "{bound:?} and {other:?} share storage in the exported program, but the weights hold different values for them"
+                ),
+            ));
+        }
+    }
+    let source_of: BTreeMap<&str, &str> = plan
+        .bind
+        .iter()
+        .map(|(row, name)| (row.as_str(), name.as_str()))
+        .collect();
+    let literal_rows: BTreeSet<&str> = rows
+        .iter()
+        .filter(|r| r.source == ConstantSource::Literal)
+        .map(|r| r.fqn.as_str())
+        .collect();
+    let literal = if literal_rows.is_empty() {
+        None
+    } else {
+        let path = literals.ok_or_else(|| {
+            Error::new(
+                Code::RunLiteralPayload,
+                "the graph has literal constants but no literal payload was given",
+            )
+        })?;
+        let (source, entries) = Source::open(path, Code::RunLiteralPayload)?;
+        let names: BTreeSet<&str> = entries.keys().map(String::as_str).collect();
+        if names != literal_rows {
+            return Err(Error::new(
+                Code::RunLiteralPayload,
+                format!("literal payload holds {names:?}, the graph declares {literal_rows:?}"),
+            ));
+        }
+        Some((source, entries))
+    };
+    let literal_index = checkpoint.sources().len();
+    let mut sources: Vec<&Source> = checkpoint.sources().iter().collect();
+    if let Some((s, _)) = &literal {
+        sources.push(s);
+    }
+
+    // Every constant checked from the headers before a byte of data is read.
+    let mut wanted: Vec<(&str, usize, &Entry)> = Vec::new();
+    for row in rows.iter().filter(|r| r.source != ConstantSource::Computed) {
+        let (name, source, entry) = match row.source {
+            ConstantSource::Literal => {
+                let (_, entries) = literal.as_ref().expect("checked above");
+                (row.fqn.as_str(), literal_index, &entries[&row.fqn])
+            }
+            _ => {
+                let name = source_of.get(row.fqn.as_str()).copied().unwrap_or(&row.fqn);
+                let (source, entry) = checkpoint.entry(name).ok_or_else(|| {
+                    Error::new(
+                        Code::RunConstantMissing,
+                        format!("the weights lack {name:?}"),
+                    )
+                })?;
+                (name, source, entry)
+            }
+        };
+        let shape: Vec<u64> = entry.shape.iter().map(|&d| d as u64).collect();
+        if entry.dtype != row.dtype || shape != row.shape {
+            let shown = if name == row.fqn {
+                format!("{:?}", row.fqn)
+            } else {
+                format!("{:?} (bound from its alias {name:?})", row.fqn)
+            };
+            return Err(Error::new(
+                Code::RunConstantMismatch,
+                format!(
+                    "constant {shown} is {}{:?}, the graph was compiled for {}{:?}",
+                    entry.dtype, entry.shape, row.dtype, row.shape
+                ),
+            ));
+        }
+        wanted.push((row.fqn.as_str(), source, entry));
+    }
+    // Laid out in file order, so that reads run forward through each file.
+    let mut order: Vec<usize> = (0..wanted.len()).collect();
+    order.sort_by_key(|&i| (wanted[i].1, wanted[i].2.offset));
+    let mut pieces = Vec::with_capacity(wanted.len());
+    let mut placed = BTreeMap::new();
+    let mut total = 0usize;
+    let mut bytes = 0u64;
+    for i in order {
+        let (fqn, source, entry) = wanted[i];
+        let dst = total;
+        total = total
+            .checked_add(entry.len.div_ceil(ALIGN) * ALIGN)
+            .ok_or_else(|| too_large("the constants do not fit in an address space".into()))?;
+        bytes += entry.len as u64;
+        if entry.len > 0 {
+            pieces.push(Piece {
+                source,
+                offset: entry.offset,
+                len: entry.len,
+                dst,
+            });
+        }
+        placed.insert(
+            fqn.to_owned(),
+            Placed {
+                offset: dst,
+                dtype: entry.dtype.clone(),
+                shape: entry.shape.iter().map(|&d| d as i64).collect(),
+            },
+        );
+    }
+    timings.push(("plan_weights", started.elapsed().as_secs_f64()));
+
+    let threads = reader_threads();
+    let memory = match device {
+        Device::Cpu => {
+            check_capacity(total as u64, host_available(), "the host")?;
+            let memory = HostMemory::new(total)?;
+            let t = Instant::now();
+            read_host(&sources, &pieces, memory.ptr(), threads)?;
+            timings.push(("read_weights", t.elapsed().as_secs_f64()));
+            timings.push(("copy_weights", 0.0));
+            Memory::Host(memory)
+        }
+        Device::Cuda(index) => {
+            let t = Instant::now();
+            let context = Driver::get()?.context(index)?;
+            timings.push(("cuda_context", t.elapsed().as_secs_f64()));
+            if let Some(want) = tcg_core::artifact::package::cubin::sm_number(sm) {
+                let (major, minor) = context.capability()?;
+                if u32::try_from(major * 10 + minor).unwrap_or(0) != want {
+                    return Err(Error::new(
+                        Code::RunDeviceMismatch,
+                        format!(
+                            "the artifact is for {sm}; {device} has capability {major}.{minor} (sm_{major}{minor})"
+                        ),
+                    ));
+                }
+            }
+            let (free, _) = context.memory()?;
+            check_capacity(total as u64, Some(free as u64), &device.to_string())?;
+            let memory = DeviceMemory::new(context, total)?;
+            let (read, copy) = read_device(context, &sources, &pieces, memory.ptr(), threads)?;
+            timings.push(("read_weights", read));
+            timings.push(("copy_weights", copy));
+            Memory::Device(memory)
+        }
+    };
+    for s in &sources {
+        s.check_unchanged()?;
+    }
+    Ok(Staged {
+        memory,
+        placed,
+        ignored: plan.ignored,
+        outside_prefix: checkpoint.skipped(),
+        bytes,
+        timings,
+    })
+}
+
+/// Read the tensors `names` of `checkpoint` (graph names) into memory the
+/// caller allocated: `capacity` bytes at `base`, host memory for
+/// [`Device::Cpu`], else device memory of that device (any allocation of the
+/// device's primary context: torch's, for example). Returns where each
+/// tensor went (offsets laid out as [`layout_of`] does) and the timings.
+///
+/// # Safety
+/// `base..base + capacity` must be writable memory of `device` that nothing
+/// else uses during the call.
+pub unsafe fn read_to(
+    checkpoint: &Checkpoint,
+    names: &[String],
+    base: usize,
+    capacity: usize,
+    device: Device,
+) -> Result<(Vec<(String, usize)>, Timings)> {
+    let (pieces, offsets, total) = layout_of(checkpoint, names)?;
+    if total > capacity {
+        return Err(Error::new(
+            Code::RunWeightsInvalid,
+            format!("the weights need {total} bytes, the buffer holds {capacity}"),
+        ));
+    }
+    let sources: Vec<&Source> = checkpoint.sources().iter().collect();
+    let mut timings: Timings = Vec::new();
+    let threads = reader_threads();
+    match device {
+        Device::Cpu => {
+            let t = Instant::now();
+            read_host(&sources, &pieces, base, threads)?;
+            timings.push(("read_weights", t.elapsed().as_secs_f64()));
+            timings.push(("copy_weights", 0.0));
+        }
+        Device::Cuda(index) => {
+            let t = Instant::now();
+            let context = Driver::get()?.context(index)?;
+            timings.push(("cuda_context", t.elapsed().as_secs_f64()));
+            let (read, copy) = read_device(context, &sources, &pieces, base, threads)?;
+            timings.push(("read_weights", read));
+            timings.push(("copy_weights", copy));
+        }
+    }
+    for s in &sources {
+        s.check_unchanged()?;
+    }
+    Ok((offsets, timings))
+}
+
+/// The pieces to read, each name's offset, and the allocation's size.
+pub type Layout = (Vec<Piece>, Vec<(String, usize)>, usize);
+
+/// The layout of the tensors `names` of `checkpoint` in one allocation (file
+/// order, [`ALIGN`]ed): the pieces to read, each name's offset, and the
+/// allocation's size. A name the checkpoint lacks is `run.constant_missing`.
+pub fn layout_of(checkpoint: &Checkpoint, names: &[String]) -> Result<Layout> {
+    let mut wanted = Vec::with_capacity(names.len());
+    for name in names {
+        let (source, entry) = checkpoint.entry(name).ok_or_else(|| {
+            Error::new(
+                Code::RunConstantMissing,
+                format!("the weights lack {name:?}"),
+            )
+        })?;
+        wanted.push((name, source, entry));
+    }
+    wanted.sort_by_key(|(_, source, entry)| (*source, entry.offset));
+    let mut pieces = Vec::with_capacity(wanted.len());
+    let mut offsets = Vec::with_capacity(wanted.len());
+    let mut total = 0usize;
+    for (name, source, entry) in wanted {
+        let dst = total;
+        total = total
+            .checked_add(entry.len.div_ceil(ALIGN) * ALIGN)
+            .ok_or_else(|| too_large("the weights do not fit in an address space".into()))?;
+        if entry.len > 0 {
+            pieces.push(Piece {
+                source,
+                offset: entry.offset,
+                len: entry.len,
+                dst,
+            });
+        }
+        offsets.push((name.clone(), dst));
+    }
+    Ok((pieces, offsets, total))
+}
+
+/// The parts of `pieces` no longer than `max` each: `(piece, offset in it, length)`.
+fn parts(pieces: &[Piece], max: usize) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    for (i, p) in pieces.iter().enumerate() {
+        let mut at = 0;
+        while at < p.len {
+            let n = (p.len - at).min(max);
+            out.push((i, at, n));
+            at += n;
+        }
+    }
+    out
+}
+
+/// The first error any thread hit; later ones are dropped.
+struct FirstError(Mutex<Option<Error>>, AtomicBool);
+
+impl FirstError {
+    fn new() -> FirstError {
+        FirstError(Mutex::new(None), AtomicBool::new(false))
+    }
+    fn set(&self, e: Error) {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        self.1.store(true, Ordering::SeqCst);
+    }
+    fn failed(&self) -> bool {
+        self.1.load(Ordering::SeqCst)
+    }
+    fn take(self) -> Option<Error> {
+        self.0.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Read `pieces` of `sources` straight into host memory at `base` with
+/// `threads` threads.
+fn read_host(sources: &[&Source], pieces: &[Piece], base: usize, threads: usize) -> Result<()> {
+    let parts = parts(pieces, SLOT_BYTES * 4);
+    let next = AtomicUsize::new(0);
+    let error = FirstError::new();
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(parts.len()).max(1) {
+            scope.spawn(|| loop {
+                if error.failed() {
+                    return;
+                }
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(i, at, n)) = parts.get(k) else {
+                    return;
+                };
+                let p = pieces[i];
+                // SAFETY: `[p.dst + at, p.dst + at + n)` lies inside the
+                // allocation (laid out by `stage`), and no two parts overlap,
+                // so each thread writes bytes no other thread touches.
+                let buf =
+                    unsafe { std::slice::from_raw_parts_mut((base + p.dst + at) as *mut u8, n) };
+                if let Err(e) = sources[p.source].read_at(buf, p.offset + at as u64) {
+                    error.set(e);
+                }
+            });
+        }
+    });
+    match error.take() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// One pinned buffer's worth of reading: a file range and where its parts go.
+struct Chunk {
+    source: usize,
+    offset: u64,
+    len: usize,
+    /// `(offset in the buffer, length, offset in the allocation)`.
+    copies: Vec<(usize, usize, usize)>,
+}
+
+/// Group the pieces into chunks of at most `max` bytes: consecutive pieces of
+/// one file that lie close together share a read (the bytes between them,
+/// at most `GAP`, are read and dropped).
+fn chunks(pieces: &[Piece], max: usize) -> Vec<Chunk> {
+    const GAP: u64 = 64 << 10;
+    let mut out: Vec<Chunk> = Vec::new();
+    for (i, at, n) in parts(pieces, max) {
+        let p = pieces[i];
+        let offset = p.offset + at as u64;
+        let dst = p.dst + at;
+        if let Some(c) = out.last_mut() {
+            let end = c.offset + c.len as u64;
+            if c.source == p.source
+                && offset >= end
+                && offset - end <= GAP
+                && (offset - c.offset) as usize + n <= max
+            {
+                let in_buf = (offset - c.offset) as usize;
+                c.copies.push((in_buf, n, dst));
+                c.len = in_buf + n;
+                continue;
+            }
+        }
+        out.push(Chunk {
+            source: p.source,
+            offset,
+            len: n,
+            copies: vec![(0, n, dst)],
+        });
+    }
+    out
+}
+
+/// Free ring slots, handed out to reader threads.
+struct Ring {
+    free: Mutex<Vec<usize>>,
+    ready: Condvar,
+}
+
+impl Ring {
+    fn take(&self) -> usize {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(slot) = free.pop() {
+                return slot;
+            }
+            free = self.ready.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+    fn give(&self, slot: usize) {
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(slot);
+        self.ready.notify_one();
+    }
+}
+
+/// Read `pieces` through a ring of pinned buffers and copy each to `memory`
+/// on a copy stream while the next is read. Returns the seconds until every
+/// read was done and the copies queued, and the seconds the copies took
+/// after that.
+fn read_device(
+    context: Context,
+    sources: &[&Source],
+    pieces: &[Piece],
+    base: usize,
+    threads: usize,
+) -> Result<(f64, f64)> {
+    let started = Instant::now();
+    let chunks = chunks(pieces, SLOT_BYTES);
+    let threads = threads.min(chunks.len()).max(1);
+    let slots = (2 * threads).min(chunks.len()).max(1);
+    let stream = Stream::new(context)?;
+    let events = (0..slots)
+        .map(|_| Event::new(context))
+        .collect::<Result<Vec<_>>>()?;
+    let pinned = PinnedMemory::new(context, slots * SLOT_BYTES)?;
+    let ring = Ring {
+        free: Mutex::new((0..slots).collect()),
+        ready: Condvar::new(),
+    };
+    let next = AtomicUsize::new(0);
+    let error = FirstError::new();
+    let pinned_base = pinned.ptr() as usize;
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                if let Err(e) = context.make_current() {
+                    error.set(e);
+                    return;
+                }
+                loop {
+                    if error.failed() {
+                        return;
+                    }
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(chunk) = chunks.get(k) else {
+                        return;
+                    };
+                    let slot = ring.take();
+                    let buf_addr = pinned_base + slot * SLOT_BYTES;
+                    let done = (|| -> Result<()> {
+                        // The copies queued from this slot last time are done.
+                        events[slot].synchronize()?;
+                        // SAFETY: the slot is this thread's alone until given
+                        // back, and the copies that read it have completed.
+                        let buf = unsafe {
+                            std::slice::from_raw_parts_mut(buf_addr as *mut u8, chunk.len)
+                        };
+                        sources[chunk.source].read_at(buf, chunk.offset)?;
+                        for &(in_buf, len, dst) in &chunk.copies {
+                            // SAFETY: the source is pinned memory of this slot,
+                            // not written again before `events[slot]` (recorded
+                            // below) completes; `dst..dst+len` lies inside the
+                            // allocation (laid out by `stage`).
+                            unsafe {
+                                stream.copy(base + dst, (buf_addr + in_buf) as *const u8, len)?
+                            };
+                        }
+                        events[slot].record(&stream)
+                    })();
+                    ring.give(slot);
+                    if let Err(e) = done {
+                        error.set(e);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let read = started.elapsed().as_secs_f64();
+    let synced = stream.synchronize();
+    let copy = started.elapsed().as_secs_f64() - read;
+    if let Some(e) = error.take() {
+        return Err(e);
+    }
+    synced?;
+    Ok((read, copy))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(source: usize, offset: u64, len: usize, dst: usize) -> Piece {
+        Piece {
+            source,
+            offset,
+            len,
+            dst,
+        }
+    }
+
+    #[test]
+    fn chunks_share_reads_of_close_pieces_and_split_large_ones() {
+        let pieces = [
+            piece(0, 100, 10, 0),
+            piece(0, 120, 10, 256),
+            piece(0, 10_000_000, 10, 512),
+            piece(1, 0, 25, 768),
+        ];
+        let c = chunks(&pieces, 16);
+        // 100..110 and 120..130 cannot share a 16-byte read; 25 bytes split.
+        let shape: Vec<(usize, u64, usize, usize)> = c
+            .iter()
+            .map(|c| (c.source, c.offset, c.len, c.copies.len()))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (0, 100, 10, 1),
+                (0, 120, 10, 1),
+                (0, 10_000_000, 10, 1),
+                (1, 0, 16, 1),
+                (1, 16, 9, 1)
+            ]
+        );
+        let c = chunks(&pieces, 64);
+        assert_eq!(c[0].len, 30);
+        assert_eq!(c[0].copies, vec![(0, 10, 0), (20, 10, 256)]);
+        assert_eq!(c.len(), 3);
+        // Every byte of every piece lands exactly once.
+        for max in [1, 3, 7, 16, 64, 1 << 20] {
+            let mut seen: BTreeMap<usize, usize> = BTreeMap::new();
+            for c in chunks(&pieces, max) {
+                assert!(c.len <= max);
+                for (in_buf, len, dst) in c.copies {
+                    assert!(in_buf + len <= c.len);
+                    for b in dst..dst + len {
+                        *seen.entry(b).or_default() += 1;
+                    }
+                }
+            }
+            let want: usize = pieces.iter().map(|p| p.len).sum();
+            assert_eq!(seen.len(), want);
+            assert!(seen.values().all(|&n| n == 1));
+        }
+    }
+
+    #[test]
+    fn capacity_is_refused_with_its_own_code() {
+        check_capacity(10, Some(10), "the host").unwrap();
+        check_capacity(10, None, "the host").unwrap();
+        let err = check_capacity(11 << 30, Some(10 << 30), "cuda:0").unwrap_err();
+        assert_eq!(err.code(), Code::RunWeightsTooLarge);
+        assert!(err.message().contains("cuda:0"), "{err}");
+    }
+
+    use crate::weights::Naming;
+    use tcg_core::artifact::metadata::{ConstantRow, ConstantSource};
+
+    /// A safetensors file of float32 tensors `(name, len)`, element `i` of
+    /// tensor `k` being `k * 1000 + i`, in the order given.
+    fn write(path: &Path, tensors: &[(&str, usize)]) {
+        let mut header = String::from("{");
+        let mut at = 0usize;
+        let mut data = Vec::new();
+        for (k, (name, len)) in tensors.iter().enumerate() {
+            if k > 0 {
+                header.push(',');
+            }
+            header.push_str(&format!(
+                r#""{name}":{{"dtype":"F32","shape":[{len}],"data_offsets":[{at},{}]}}"#,
+                at + 4 * len
+            ));
+            at += 4 * len;
+            for i in 0..*len {
+                data.extend_from_slice(&((k * 1000 + i) as f32).to_le_bytes());
+            }
+        }
+        header.push('}');
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&data);
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    fn row(fqn: &str, len: u64) -> ConstantRow {
+        ConstantRow {
+            fqn: fqn.into(),
+            source: ConstantSource::StateDict,
+            dtype: "float32".into(),
+            shape: vec![len],
+        }
+    }
+
+    #[test]
+    fn staging_reads_every_constant_to_its_place_with_any_thread_count() {
+        let d = tempfile::tempdir().unwrap();
+        // Odd lengths (unaligned in the file), two files, a name not bound.
+        write(
+            &d.path().join("a.safetensors"),
+            &[("x", 3), ("skip", 5), ("y", 1_000_001)],
+        );
+        write(&d.path().join("b.safetensors"), &[("z", 7)]);
+        let rows = vec![row("x", 3), row("y", 1_000_001), row("z", 7)];
+        let contract = WeightsContract::from_rows(&rows);
+        let checkpoint = Checkpoint::open(
+            &[
+                d.path().join("a.safetensors"),
+                d.path().join("b.safetensors"),
+            ],
+            &Naming::default(),
+        )
+        .unwrap();
+        let sources: Vec<&Source> = checkpoint.sources().iter().collect();
+        let names: Vec<String> = ["x", "y", "z"].iter().map(|s| s.to_string()).collect();
+        let (pieces, offsets, total) = layout_of(&checkpoint, &names).unwrap();
+        for threads in [1, 2, 5, 16] {
+            let memory = HostMemory::new(total).unwrap();
+            read_host(&sources, &pieces, memory.ptr(), threads).unwrap();
+            for (name, offset) in &offsets {
+                assert_eq!(offset % ALIGN, 0);
+                let (i, e) = checkpoint.entry(name).unwrap();
+                let want = checkpoint.sources()[i].read_entry(e).unwrap();
+                // SAFETY: inside the allocation, written by read_host above.
+                let got = unsafe {
+                    std::slice::from_raw_parts((memory.ptr() + offset) as *const u8, e.len)
+                };
+                assert_eq!(got, want.as_slice(), "{name} with {threads} threads");
+            }
+        }
+        // The whole stage: `skip` is not in the table, so it is foreign.
+        let err = stage(&rows, &contract, &checkpoint, None, Device::Cpu, "cpu").unwrap_err();
+        assert_eq!(err.code(), Code::RunConstantUnexpected, "{err}");
+        let mut with_skip = rows.clone();
+        with_skip.push(row("skip", 5));
+        let contract = WeightsContract::from_rows(&with_skip);
+        let staged = stage(&with_skip, &contract, &checkpoint, None, Device::Cpu, "cpu").unwrap();
+        assert_eq!(staged.placed.len(), 4);
+        assert_eq!(staged.bytes, 4 * (3 + 5 + 1_000_001 + 7));
+        let y = &staged.placed["y"];
+        // SAFETY: inside the staged allocation.
+        let last = unsafe { *((staged.memory.ptr() + y.offset + 4 * 1_000_000) as *const [u8; 4]) };
+        assert_eq!(f32::from_le_bytes(last), (2 * 1000 + 1_000_000) as f32);
+        let phases: Vec<&str> = staged.timings.iter().map(|(k, _)| *k).collect();
+        assert_eq!(phases, ["plan_weights", "read_weights", "copy_weights"]);
+    }
+
+    #[test]
+    fn weights_larger_than_the_memory_are_refused_before_anything_is_read() {
+        let d = tempfile::tempdir().unwrap();
+        // A sparse file of 1 TiB of float32 zeros: more than any test host has.
+        let len: u64 = 1 << 38;
+        let header = format!(
+            r#"{{"w":{{"dtype":"F32","shape":[{len}],"data_offsets":[0,{}]}}}}"#,
+            4 * len
+        );
+        let path = d.path().join("huge.safetensors");
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(bytes.len() as u64 + 4 * len).unwrap();
+        let rows = vec![row("w", len)];
+        let contract = WeightsContract::from_rows(&rows);
+        let checkpoint = Checkpoint::open(&[path], &Naming::default()).unwrap();
+        // Refused from the header (the capacity check comes before any read).
+        let err = stage(&rows, &contract, &checkpoint, None, Device::Cpu, "cpu").unwrap_err();
+        assert_eq!(err.code(), Code::RunWeightsTooLarge, "{err}");
+        assert!(err.message().contains("the host"), "{err}");
+    }
+}

@@ -1,0 +1,193 @@
+"""The weights pipeline on the CPU, on the 0.2.0 reference artifact (no compile):
+what ``load_native`` and ``load(path)`` read, the phases they report, and the
+refusals of files that are truncated, changed, of the wrong dtype or shape,
+each in a fresh process where a crash would show."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from .conftest import REFERENCE_WEIGHTS, refused_binding
+
+PHASES = {"open_libraries", "create_container", "plan_weights", "read_weights", "copy_weights", "bind_weights"}
+
+
+@pytest.fixture(scope="module")
+def tensors() -> dict[str, Any]:
+    from safetensors.numpy import load_file
+
+    return dict(load_file(REFERENCE_WEIGHTS))
+
+
+def test_load_native_reports_every_phase_and_logs_them(
+    graph: Any, io: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="torch_compiled_graphs"):
+        native = graph.load_native(REFERENCE_WEIGHTS)
+        assert PHASES | {"load_total"} <= set(native.timings)
+        assert "first_call" not in native.timings
+        out = np.asarray(native(io["x"]))
+    np.testing.assert_array_equal(out, np.asarray(graph.load_native(REFERENCE_WEIGHTS)(io["x"])))
+    assert all(v >= 0 for v in native.timings.values())
+    assert native.timings["first_call"] > 0
+    # The phases overlap (weights beside libraries), so the wall time is at most their sum.
+    assert native.timings["load_total"] <= sum(native.timings[k] for k in PHASES) + 0.05
+    messages = [r.getMessage() for r in caplog.records if r.name == "torch_compiled_graphs"]
+    assert any(m.startswith(f"load_native {graph.key}: ") and "read_weights" in m for m in messages), messages
+    assert any(m.startswith(f"first call of {graph.key}") for m in messages), messages
+
+
+def test_load_from_a_path_reads_through_the_pipeline_and_matches_load_native(
+    graph: Any, io: dict[str, Any], tensors: dict[str, Any], tmp_path: Path
+) -> None:
+    import torch
+    from safetensors.numpy import save_file
+
+    # Unaligned neighbours (an odd-sized extra tensor between them) and a prefix.
+    shuffled = {"unet." + k: v for k, v in tensors.items()}
+    shuffled["other.odd"] = np.arange(3, dtype=np.int8)
+    save_file(shuffled, str(tmp_path / "pipe.safetensors"))
+    loaded = graph.load(tmp_path / "pipe.safetensors", strip_prefix="unet.")
+    assert {"create_container", "read_weights", "bind_weights"} <= set(loaded.timings)
+    assert loaded.outside_prefix == 1
+    want = np.asarray(graph.load_native(REFERENCE_WEIGHTS)(io["x"]))
+    got = loaded(torch.from_numpy(io["x"])).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert "first_call" in loaded.timings
+    # Every bound constant is a view of one allocation the graph keeps.
+    storages = {t.untyped_storage().data_ptr() for t in loaded._bound.values()}
+    assert len(storages) == 1
+
+
+def _rewrite_header(path: Path, edit: Any) -> None:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n :])
+
+
+@pytest.mark.parametrize("path", ["load_native", "load"])
+def test_truncated_and_mistyped_files_are_refused_with_a_code(
+    graph: Any, tensors: dict[str, Any], tmp_path: Path, path: str
+) -> None:
+    from safetensors.numpy import save_file
+
+    load = graph.load_native if path == "load_native" else graph.load
+    good = tmp_path / "good.safetensors"
+    save_file(tensors, str(good))
+    # Truncated: the last tensor's bytes are cut short.
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(good.read_bytes()[:-5])
+    err = refused_binding("run.weights_invalid", load, cut)
+    assert "truncated" in str(err)
+    # Longer than its header says.
+    long = tmp_path / "long.safetensors"
+    long.write_bytes(good.read_bytes() + b"\0" * 16)
+    refused_binding("run.weights_invalid", load, long)
+    # A header that lies about a dtype (same byte count: int32 for float32).
+    first = sorted(tensors)[0]
+    lied = tmp_path / "dtype.safetensors"
+    lied.write_bytes(good.read_bytes())
+    _rewrite_header(lied, lambda h: h[first].update(dtype="I32"))
+    err = refused_binding("run.constant_mismatch", load, lied)
+    assert first in str(err)
+    # Same bytes, another shape.
+    matrix = next(k for k in sorted(tensors) if tensors[k].ndim >= 2)
+    reshaped = dict(tensors)
+    reshaped[matrix] = tensors[matrix].reshape(-1)
+    save_file(reshaped, str(tmp_path / "shape.safetensors"))
+    refused_binding("run.constant_mismatch", load, tmp_path / "shape.safetensors")
+
+
+CHANGED = r"""
+import ctypes
+import os
+import sys
+
+from torch_compiled_graphs import _native
+from torch_compiled_graphs.errors import BindingError
+
+weights, mode = sys.argv[1:3]
+# Opened (headers read) first, then changed before the tensors are read.
+reader = _native.CheckpointReader([weights])
+names = [e[0] for e in reader.entries]
+size = reader.layout_bytes(names)
+buf = bytearray(size)
+address = ctypes.addressof((ctypes.c_char * size).from_buffer(buf))
+if mode == "truncate":
+    os.truncate(weights, os.path.getsize(weights) - 64)
+else:
+    os.utime(weights, ns=(1, 1))
+try:
+    reader.read_into(names, address, size, "cpu")
+except BindingError as e:
+    print("CODE", e.code)
+    print(e)
+    sys.exit(0)
+print("NO ERROR")
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("mode", ["truncate", "touch"])
+def test_a_file_changed_after_it_was_opened_is_refused_in_a_fresh_process(
+    tensors: dict[str, Any], tmp_path: Path, mode: str
+) -> None:
+    from safetensors.numpy import save_file
+
+    weights = tmp_path / "w.safetensors"
+    save_file(tensors, str(weights))
+    script = tmp_path / "changed.py"
+    script.write_text(CHANGED)
+    done = subprocess.run(
+        [sys.executable, str(script), str(weights), mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "CODE run.weights_invalid" in done.stdout, done.stdout
+    assert "changed" in done.stdout or "truncated" in done.stdout, done.stdout
+
+
+def test_a_refused_rebind_leaves_the_bound_weights_in_place(
+    graph: Any, io: dict[str, Any], tensors: dict[str, Any], tmp_path: Path
+) -> None:
+    native = graph.load_native(REFERENCE_WEIGHTS)
+    want = np.asarray(native(io["x"])).copy()
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(REFERENCE_WEIGHTS.read_bytes()[:-4])
+    refused_binding("run.weights_invalid", native.rebind, cut)
+    np.testing.assert_array_equal(np.asarray(native(io["x"])), want)
+    # A good rebind from a copy: the new allocation replaces the old one.
+    from safetensors.numpy import save_file
+
+    doubled = {k: v * 2 for k, v in tensors.items()}
+    save_file(doubled, str(tmp_path / "doubled.safetensors"))
+    native.rebind(tmp_path / "doubled.safetensors")
+    assert not np.array_equal(np.asarray(native(io["x"])), want)
+    native.rebind(REFERENCE_WEIGHTS)
+    np.testing.assert_array_equal(np.asarray(native(io["x"])), want)
+
+
+def test_the_reader_thread_count_comes_from_the_environment(graph: Any, io: dict[str, Any]) -> None:
+    want = np.asarray(graph.load_native(REFERENCE_WEIGHTS)(io["x"]))
+    for threads in ("1", "3", "64", "junk"):
+        os.environ["TORCH_COMPILED_GRAPHS_READ_THREADS"] = threads
+        try:
+            np.testing.assert_array_equal(np.asarray(graph.load_native(REFERENCE_WEIGHTS)(io["x"])), want)
+        finally:
+            del os.environ["TORCH_COMPILED_GRAPHS_READ_THREADS"]
