@@ -96,15 +96,37 @@ fn symbol<T: Copy>(lib: &Library, name: &str) -> Result<T> {
 }
 
 static DRIVER: OnceLock<std::result::Result<Driver, String>> = OnceLock::new();
+static INIT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
 
 impl Driver {
-    /// The process-wide driver, opened and initialised once; a machine
-    /// without a usable driver is `run.device_mismatch`.
-    pub fn get() -> Result<&'static Driver> {
+    /// The driver's library, opened once (no initialisation yet: opening is
+    /// cheap and takes glibc's loader lock, so a load does it first).
+    pub fn library() -> Result<&'static Driver> {
         DRIVER
             .get_or_init(|| Driver::open().map_err(|e| e.message().to_owned()))
             .as_ref()
             .map_err(|m| unavailable(m.clone()))
+    }
+
+    /// The process-wide driver, opened and initialised once; a machine
+    /// without a usable driver is `run.device_mismatch`.
+    pub fn get() -> Result<&'static Driver> {
+        let driver = Driver::library()?;
+        INIT.get_or_init(|| {
+            // SAFETY: no pointers; flags must be 0.
+            let rc = unsafe { (driver.init)(0) };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "CUDA is not available: cuInit failed: {}",
+                    driver.describe(rc)
+                ))
+            }
+        })
+        .as_ref()
+        .map_err(|m| unavailable(m.clone()))?;
+        Ok(driver)
     }
 
     fn open() -> Result<Driver> {
@@ -116,7 +138,7 @@ impl Driver {
                     "CUDA is not available: cannot load libcuda.so.1: {e}"
                 ))
             })?;
-        let driver = Driver {
+        Ok(Driver {
             init: symbol(&lib, "cuInit")?,
             device_get: symbol(&lib, "cuDeviceGet")?,
             device_get_count: symbol(&lib, "cuDeviceGetCount")?,
@@ -138,16 +160,7 @@ impl Driver {
             mem_get_info: symbol(&lib, "cuMemGetInfo_v2")?,
             get_error_string: symbol(&lib, "cuGetErrorString")?,
             _lib: lib,
-        };
-        // SAFETY: no pointers; flags must be 0.
-        let rc = unsafe { (driver.init)(0) };
-        if rc != 0 {
-            return Err(unavailable(format!(
-                "CUDA is not available: cuInit failed: {}",
-                driver.describe(rc)
-            )));
-        }
-        Ok(driver)
+        })
     }
 
     fn describe(&self, rc: CuResult) -> String {

@@ -21,7 +21,7 @@ use tcg_core::{Code, Error, Result};
 use crate::cuda::Device;
 use crate::extract::{extract, Extracted};
 use crate::inputs::{input_facts, InputFact};
-use crate::pipeline::{stage, Memory, Staged, Timings};
+use crate::pipeline::{reader_threads, stage, Memory, Readers, Staged, Timings};
 use crate::stdmap::CxxAbi;
 use crate::torch::{BorrowedTensor, Dtype, TensorHandle, Torch};
 use crate::weights::{Checkpoint, Naming};
@@ -524,6 +524,7 @@ impl Graph {
         literals: Option<&Path>,
     ) -> Result<BindReport> {
         let rows: Vec<ConstantRow> = self.rows.values().cloned().collect();
+        let readers = Readers::spawn(reader_threads())?;
         let staged = {
             let contract = self.contract.read().unwrap_or_else(|p| p.into_inner());
             stage(
@@ -534,6 +535,7 @@ impl Graph {
                 self.device,
                 // `Graph::load` checked the device's capability already.
                 "",
+                &readers,
             )?
         };
         self.bind_staged(staged)
@@ -705,8 +707,16 @@ impl Graph {
                 format!("the artifact is for {sm}; it cannot run on {parsed}"),
             ));
         }
+        // Everything that makes threads or opens libraries comes first: glibc
+        // serialises both against the `dlopen` of libtorch below.
+        let readers = Readers::spawn(reader_threads())?;
+        if parsed.is_cuda() {
+            // Its refusal, if any, is reported by staging.
+            let _ = crate::driver::Driver::library();
+        }
         let (loaded, staged) = std::thread::scope(|scope| {
-            let staging = scope.spawn(|| stage(&rows, &contract, checkpoint, literals, parsed, sm));
+            let staging =
+                scope.spawn(|| stage(&rows, &contract, checkpoint, literals, parsed, sm, &readers));
             let loaded = (|| -> Result<(Graph, Timings)> {
                 let mut timings: Timings = Vec::new();
                 let t = Instant::now();

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use tcg_core::artifact::metadata::{ConstantRow, ConstantSource};
@@ -62,6 +62,149 @@ pub fn reader_threads() -> usize {
         .map(|n| n.get())
         .unwrap_or(1)
         .clamp(1, 8)
+}
+
+/// A job every reader thread runs once (lifetime erased: see [`Readers::run`]).
+#[derive(Clone, Copy)]
+struct Job(*const (dyn Fn() + Sync));
+// SAFETY: the pointee is `Sync` and outlives every use (see `Readers::run`).
+unsafe impl Send for Job {}
+
+struct ReaderState {
+    job: Option<Job>,
+    generation: u64,
+    pending: usize,
+    closed: bool,
+}
+
+struct ReaderShared {
+    state: Mutex<ReaderState>,
+    changed: Condvar,
+}
+
+/// The pipeline's reader threads, started before anything else: glibc
+/// serialises thread creation against a `dlopen` in progress, so threads made
+/// while libtorch's libraries load would wait for them; made first, they read
+/// while the libraries load.
+pub struct Readers {
+    shared: Arc<ReaderShared>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Readers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Readers({})", self.handles.len())
+    }
+}
+
+impl Readers {
+    /// `n` (at least one) idle reader threads.
+    pub fn spawn(n: usize) -> Result<Readers> {
+        let shared = Arc::new(ReaderShared {
+            state: Mutex::new(ReaderState {
+                job: None,
+                generation: 0,
+                pending: 0,
+                closed: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let mut readers = Readers {
+            shared,
+            handles: Vec::new(),
+        };
+        for i in 0..n.max(1) {
+            let shared = Arc::clone(&readers.shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("tcg-read-{i}"))
+                .spawn(move || reader_loop(&shared))
+                .map_err(|e| {
+                    Error::new(
+                        Code::RunExecutionFailed,
+                        format!("cannot start a reader thread: {e}"),
+                    )
+                })?;
+            readers.handles.push(handle);
+        }
+        Ok(readers)
+    }
+
+    /// How many threads read.
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Whether there are no threads (never: `spawn` makes at least one).
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+
+    /// Run `job` once on every reader thread; returns when all returned.
+    fn run(&self, job: &(dyn Fn() + Sync)) {
+        // SAFETY (the lifetime erasure): `job` is only called by the reader
+        // threads between the moment it is published here and the moment
+        // `pending` drops to zero, and this function does not return before
+        // then; each thread drops its copy of the pointer before counting
+        // down. So no call outlives the borrow.
+        let erased: *const (dyn Fn() + Sync + '_) = job;
+        let erased: *const (dyn Fn() + Sync + 'static) = unsafe { std::mem::transmute(erased) };
+        let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.job = Some(Job(erased));
+        state.generation += 1;
+        state.pending = self.handles.len();
+        self.shared.changed.notify_all();
+        while state.pending > 0 {
+            state = self
+                .shared
+                .changed
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        state.job = None;
+    }
+}
+
+fn reader_loop(shared: &ReaderShared) {
+    let mut seen = 0u64;
+    loop {
+        let job = {
+            let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            while !state.closed && state.generation == seen {
+                state = shared
+                    .changed
+                    .wait(state)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+            if state.closed {
+                return;
+            }
+            seen = state.generation;
+            state.job
+        };
+        if let Some(Job(f)) = job {
+            // SAFETY: see `Readers::run`: the job outlives this call. A panic
+            // is contained (the job records its own errors).
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*f)() }));
+        }
+        let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.pending -= 1;
+        if state.pending == 0 {
+            shared.changed.notify_all();
+        }
+    }
+}
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        {
+            let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.closed = true;
+            self.shared.changed.notify_all();
+        }
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
 }
 
 /// Host memory for constants: page-aligned, zeroed, freed on drop.
@@ -212,6 +355,7 @@ pub fn stage(
     literals: Option<&Path>,
     device: Device,
     sm: &str,
+    readers: &Readers,
 ) -> Result<Staged> {
     let started = Instant::now();
     let mut timings: Timings = Vec::new();
@@ -335,13 +479,12 @@ pub fn stage(
     }
     timings.push(("plan_weights", started.elapsed().as_secs_f64()));
 
-    let threads = reader_threads();
     let memory = match device {
         Device::Cpu => {
             check_capacity(total as u64, host_available(), "the host")?;
             let memory = HostMemory::new(total)?;
             let t = Instant::now();
-            read_host(&sources, &pieces, memory.ptr(), threads)?;
+            read_host(&sources, &pieces, memory.ptr(), readers)?;
             timings.push(("read_weights", t.elapsed().as_secs_f64()));
             timings.push(("copy_weights", 0.0));
             Memory::Host(memory)
@@ -364,7 +507,7 @@ pub fn stage(
             let (free, _) = context.memory()?;
             check_capacity(total as u64, Some(free as u64), &device.to_string())?;
             let memory = DeviceMemory::new(context, total)?;
-            let (read, copy) = read_device(context, &sources, &pieces, memory.ptr(), threads)?;
+            let (read, copy) = read_device(context, &sources, &pieces, memory.ptr(), readers)?;
             timings.push(("read_weights", read));
             timings.push(("copy_weights", copy));
             Memory::Device(memory)
@@ -408,11 +551,11 @@ pub unsafe fn read_to(
     }
     let sources: Vec<&Source> = checkpoint.sources().iter().collect();
     let mut timings: Timings = Vec::new();
-    let threads = reader_threads();
+    let readers = Readers::spawn(reader_threads())?;
     match device {
         Device::Cpu => {
             let t = Instant::now();
-            read_host(&sources, &pieces, base, threads)?;
+            read_host(&sources, &pieces, base, &readers)?;
             timings.push(("read_weights", t.elapsed().as_secs_f64()));
             timings.push(("copy_weights", 0.0));
         }
@@ -420,7 +563,7 @@ pub unsafe fn read_to(
             let t = Instant::now();
             let context = Driver::get()?.context(index)?;
             timings.push(("cuda_context", t.elapsed().as_secs_f64()));
-            let (read, copy) = read_device(context, &sources, &pieces, base, threads)?;
+            let (read, copy) = read_device(context, &sources, &pieces, base, &readers)?;
             timings.push(("read_weights", read));
             timings.push(("copy_weights", copy));
         }
@@ -506,32 +649,27 @@ impl FirstError {
     }
 }
 
-/// Read `pieces` of `sources` straight into host memory at `base` with
-/// `threads` threads.
-fn read_host(sources: &[&Source], pieces: &[Piece], base: usize, threads: usize) -> Result<()> {
+/// Read `pieces` of `sources` straight into host memory at `base` on the
+/// reader threads.
+fn read_host(sources: &[&Source], pieces: &[Piece], base: usize, readers: &Readers) -> Result<()> {
     let parts = parts(pieces, SLOT_BYTES * 4);
     let next = AtomicUsize::new(0);
     let error = FirstError::new();
-    std::thread::scope(|scope| {
-        for _ in 0..threads.min(parts.len()).max(1) {
-            scope.spawn(|| loop {
-                if error.failed() {
-                    return;
-                }
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(i, at, n)) = parts.get(k) else {
-                    return;
-                };
-                let p = pieces[i];
-                // SAFETY: `[p.dst + at, p.dst + at + n)` lies inside the
-                // allocation (laid out by `stage`), and no two parts overlap,
-                // so each thread writes bytes no other thread touches.
-                let buf =
-                    unsafe { std::slice::from_raw_parts_mut((base + p.dst + at) as *mut u8, n) };
-                if let Err(e) = sources[p.source].read_at(buf, p.offset + at as u64) {
-                    error.set(e);
-                }
-            });
+    readers.run(&|| loop {
+        if error.failed() {
+            return;
+        }
+        let k = next.fetch_add(1, Ordering::Relaxed);
+        let Some(&(i, at, n)) = parts.get(k) else {
+            return;
+        };
+        let p = pieces[i];
+        // SAFETY: `[p.dst + at, p.dst + at + n)` lies inside the allocation
+        // (laid out by `stage`), and no two parts overlap, so each thread
+        // writes bytes no other thread touches.
+        let buf = unsafe { std::slice::from_raw_parts_mut((base + p.dst + at) as *mut u8, n) };
+        if let Err(e) = sources[p.source].read_at(buf, p.offset + at as u64) {
+            error.set(e);
         }
     });
     match error.take() {
@@ -616,12 +754,11 @@ fn read_device(
     sources: &[&Source],
     pieces: &[Piece],
     base: usize,
-    threads: usize,
+    readers: &Readers,
 ) -> Result<(f64, f64)> {
     let started = Instant::now();
     let chunks = chunks(pieces, SLOT_BYTES);
-    let threads = threads.min(chunks.len()).max(1);
-    let slots = (2 * threads).min(chunks.len()).max(1);
+    let slots = (2 * readers.len()).min(chunks.len()).max(1);
     let stream = Stream::new(context)?;
     let events = (0..slots)
         .map(|_| Event::new(context))
@@ -634,50 +771,42 @@ fn read_device(
     let next = AtomicUsize::new(0);
     let error = FirstError::new();
     let pinned_base = pinned.ptr() as usize;
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| {
-                if let Err(e) = context.make_current() {
-                    error.set(e);
-                    return;
+    readers.run(&|| {
+        if let Err(e) = context.make_current() {
+            error.set(e);
+            return;
+        }
+        loop {
+            if error.failed() {
+                return;
+            }
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            let Some(chunk) = chunks.get(k) else {
+                return;
+            };
+            let slot = ring.take();
+            let buf_addr = pinned_base + slot * SLOT_BYTES;
+            let done = (|| -> Result<()> {
+                // The copies queued from this slot last time are done.
+                events[slot].synchronize()?;
+                // SAFETY: the slot is this thread's alone until given back,
+                // and the copies that read it have completed.
+                let buf = unsafe { std::slice::from_raw_parts_mut(buf_addr as *mut u8, chunk.len) };
+                sources[chunk.source].read_at(buf, chunk.offset)?;
+                for &(in_buf, len, dst) in &chunk.copies {
+                    // SAFETY: the source is pinned memory of this slot, not
+                    // written again before `events[slot]` (recorded below)
+                    // completes; `dst..dst+len` lies inside the allocation
+                    // (laid out by the caller).
+                    unsafe { stream.copy(base + dst, (buf_addr + in_buf) as *const u8, len)? };
                 }
-                loop {
-                    if error.failed() {
-                        return;
-                    }
-                    let k = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(chunk) = chunks.get(k) else {
-                        return;
-                    };
-                    let slot = ring.take();
-                    let buf_addr = pinned_base + slot * SLOT_BYTES;
-                    let done = (|| -> Result<()> {
-                        // The copies queued from this slot last time are done.
-                        events[slot].synchronize()?;
-                        // SAFETY: the slot is this thread's alone until given
-                        // back, and the copies that read it have completed.
-                        let buf = unsafe {
-                            std::slice::from_raw_parts_mut(buf_addr as *mut u8, chunk.len)
-                        };
-                        sources[chunk.source].read_at(buf, chunk.offset)?;
-                        for &(in_buf, len, dst) in &chunk.copies {
-                            // SAFETY: the source is pinned memory of this slot,
-                            // not written again before `events[slot]` (recorded
-                            // below) completes; `dst..dst+len` lies inside the
-                            // allocation (laid out by `stage`).
-                            unsafe {
-                                stream.copy(base + dst, (buf_addr + in_buf) as *const u8, len)?
-                            };
-                        }
-                        events[slot].record(&stream)
-                    })();
-                    ring.give(slot);
-                    if let Err(e) = done {
-                        error.set(e);
-                        return;
-                    }
-                }
-            });
+                events[slot].record(&stream)
+            })();
+            ring.give(slot);
+            if let Err(e) = done {
+                error.set(e);
+                return;
+            }
         }
     });
     let read = started.elapsed().as_secs_f64();
@@ -820,7 +949,8 @@ mod tests {
         let (pieces, offsets, total) = layout_of(&checkpoint, &names).unwrap();
         for threads in [1, 2, 5, 16] {
             let memory = HostMemory::new(total).unwrap();
-            read_host(&sources, &pieces, memory.ptr(), threads).unwrap();
+            let readers = Readers::spawn(threads).unwrap();
+            read_host(&sources, &pieces, memory.ptr(), &readers).unwrap();
             for (name, offset) in &offsets {
                 assert_eq!(offset % ALIGN, 0);
                 let (i, e) = checkpoint.entry(name).unwrap();
@@ -833,12 +963,30 @@ mod tests {
             }
         }
         // The whole stage: `skip` is not in the table, so it is foreign.
-        let err = stage(&rows, &contract, &checkpoint, None, Device::Cpu, "cpu").unwrap_err();
+        let err = stage(
+            &rows,
+            &contract,
+            &checkpoint,
+            None,
+            Device::Cpu,
+            "cpu",
+            &Readers::spawn(2).unwrap(),
+        )
+        .unwrap_err();
         assert_eq!(err.code(), Code::RunConstantUnexpected, "{err}");
         let mut with_skip = rows.clone();
         with_skip.push(row("skip", 5));
         let contract = WeightsContract::from_rows(&with_skip);
-        let staged = stage(&with_skip, &contract, &checkpoint, None, Device::Cpu, "cpu").unwrap();
+        let staged = stage(
+            &with_skip,
+            &contract,
+            &checkpoint,
+            None,
+            Device::Cpu,
+            "cpu",
+            &Readers::spawn(3).unwrap(),
+        )
+        .unwrap();
         assert_eq!(staged.placed.len(), 4);
         assert_eq!(staged.bytes, 4 * (3 + 5 + 1_000_001 + 7));
         let y = &staged.placed["y"];
@@ -868,7 +1016,16 @@ mod tests {
         let contract = WeightsContract::from_rows(&rows);
         let checkpoint = Checkpoint::open(&[path], &Naming::default()).unwrap();
         // Refused from the header (the capacity check comes before any read).
-        let err = stage(&rows, &contract, &checkpoint, None, Device::Cpu, "cpu").unwrap_err();
+        let err = stage(
+            &rows,
+            &contract,
+            &checkpoint,
+            None,
+            Device::Cpu,
+            "cpu",
+            &Readers::spawn(2).unwrap(),
+        )
+        .unwrap_err();
         assert_eq!(err.code(), Code::RunWeightsTooLarge, "{err}");
         assert!(err.message().contains("the host"), "{err}");
     }

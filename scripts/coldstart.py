@@ -1,0 +1,419 @@
+"""Cold start against the hardware floor, in one run: how long a fresh worker
+waits for its first output once the compile is cached, for a ~0.8 GB and a
+~13 GB model (stacks of 8 bf16 transformer blocks, dim 2048 and 8192).
+
+    python3 scripts/coldstart.py --out OUT [--device cuda:0|cpu] [--sizes small,large]
+        [--repeat 3] [--serve-bin target/release/examples/serve] [--cxx /usr/bin/g++]
+
+Measured in the same run, each in fresh processes, medians of ``--repeat``,
+the ways interleaved round by round (every other round reversed):
+
+- the floor: creating the CUDA context (driver API, nothing else), reading the
+  weights file from the page cache with as many threads as the pipeline uses,
+  and copying that many bytes host-to-device from pinned memory at the
+  bandwidth measured here. On the CPU the floor is the read alone.
+- ``native``: ``import torch_compiled_graphs`` + ``resolve`` + ``load_native``
+  + first call, output on the host (torch never imported);
+- ``torch_load_file``: ``import torch`` + ``safetensors.torch.load_file`` onto
+  the device + synchronize (the weights there, nothing run);
+- ``torch_load``: ``import torch`` + ``resolve`` + ``load(path)`` + first call;
+- ``rust``: the ``serve`` example (``--serve-bin``), resolve to output on the host.
+
+Each figure is measured inside its process, from before its first import to
+the output (interpreter start-up, the same for every way, is left out). The
+native way also records its ``timings`` (the phases of the load) and the
+steady-state call latency, against the torch-based load's. Writes
+``OUT/coldstart.json`` after every measurement (a partial run still reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SIZES = {"tiny": {"dim": 256, "blocks": 2}, "small": {"dim": 2048, "blocks": 8}, "large": {"dim": 8192, "blocks": 8}}
+SEQ = 64
+
+MODEL = r"""
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.heads = dim // 128
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, 4 * dim)
+        self.fc2 = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+class Stack(nn.Module):
+    def __init__(self, dim, blocks):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(dim) for _ in range(blocks)])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+"""
+
+MINT = (
+    MODEL
+    + r"""
+import json, os, sys, time
+work, dim, blocks, seq, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+from safetensors.torch import save_file
+from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
+dtype = torch.bfloat16 if device != "cpu" else torch.float32
+with torch.device("meta"):
+    model = Stack(dim, blocks)
+model = model.to_empty(device=device).to(dtype).eval()
+gen = torch.Generator(device=device).manual_seed(0)
+with torch.no_grad():
+    for name, p in model.named_parameters():
+        if name.endswith("norm1.weight") or name.endswith("norm2.weight"):
+            p.fill_(1.0)
+        elif name.endswith("bias"):
+            p.zero_()
+        else:
+            p.normal_(0.0, 0.02, generator=gen)
+    x = torch.randn(1, seq, dim, device=device, dtype=dtype, generator=gen)
+    y = model(x)
+t = time.perf_counter()
+save_file(model.state_dict(), os.path.join(work, "weights.safetensors"))
+save_file({"x": x.cpu(), "y": y.cpu()}, os.path.join(work, "io.safetensors"))
+write_s = time.perf_counter() - t
+program = torch.export.export(model, (x,))
+if device == "cpu":
+    sm = "cpu"
+else:
+    major, minor = torch.cuda.get_device_capability()
+    sm = f"sm_{major}{minor}"
+toolchain = record_toolchain()
+spec = GraphClassSpec(f"coldstart/stack-{dim}", "bench", program)
+t = time.perf_counter()
+key = RuntimeCompatibility(sm, toolchain=toolchain).key(spec.declare())
+result = Engine(os.path.join(work, "store")).ensure(
+    key, os.path.join(work, "minted"), target=sm, toolchain=toolchain, recipe=lambda: spec
+)
+print(json.dumps({"key": str(key), "outcome": result.outcome.value, "mint_s": time.perf_counter() - t,
+                  "write_s": write_s, "bytes": os.path.getsize(os.path.join(work, "weights.safetensors"))}))
+"""
+)
+
+CTX = r"""
+import ctypes, json, time
+t0 = time.perf_counter()
+cu = ctypes.CDLL("libcuda.so.1")
+assert cu.cuInit(0) == 0
+dev = ctypes.c_int()
+assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+ctx = ctypes.c_void_p()
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+assert cu.cuCtxSetCurrent(ctx) == 0
+print(json.dumps({"s": time.perf_counter() - t0}))
+"""
+
+READ = r"""
+import json, os, sys, time
+from concurrent.futures import ThreadPoolExecutor
+path, threads = sys.argv[1], int(sys.argv[2])
+t0 = time.perf_counter()
+size = os.path.getsize(path)
+buf = bytearray(size)
+view = memoryview(buf)
+fd = os.open(path, os.O_RDONLY)
+chunk = 16 << 20
+def part(start):
+    end = min(start + chunk, size)
+    at = start
+    while at < end:
+        n = os.preadv(fd, [view[at:end]], at)
+        if n <= 0:
+            raise OSError("short read")
+        at += n
+with ThreadPoolExecutor(threads) as pool:
+    list(pool.map(part, range(0, size, chunk)))
+print(json.dumps({"s": time.perf_counter() - t0, "bytes": size}))
+"""
+
+H2D = r"""
+import json, sys, time
+import torch
+size = int(sys.argv[1])
+n = min(size, 4 << 30)
+src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+src.fill_(1)
+dst = torch.empty(n, dtype=torch.uint8, device="cuda")
+dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
+best = None
+for _ in range(3):
+    t = time.perf_counter(); dst.copy_(src, non_blocking=True); torch.cuda.synchronize()
+    s = time.perf_counter() - t
+    best = s if best is None else min(best, s)
+print(json.dumps({"bandwidth": n / best, "s": size / (n / best)}))
+"""
+
+NATIVE = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+work, key, device, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+from torch_compiled_graphs import Engine
+from torch_compiled_graphs.native import from_buffer
+import numpy as np
+graph = Engine(os.path.join(work, "store")).resolve(key, os.path.join(work, "r", str(os.getpid())))
+native = graph.load_native(os.path.join(work, "weights.safetensors"), device=device)
+from safetensors.numpy import load_file
+io = load_file(os.path.join(work, "io.safetensors"))  # bf16 comes back as raw 2-byte values
+x = io["x"]
+dtype = "bfloat16" if x.dtype.itemsize == 2 else "float32"
+xin = from_buffer(x.tobytes(), dtype, list(x.shape), device=device)
+y = native(xin)
+host = np.asarray(y.cpu())
+t1 = time.perf_counter()
+assert "torch" not in sys.modules
+out = {"s": t1 - t0, "timings": native.timings}
+def f32(a):
+    if a.dtype.itemsize == 2:
+        return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32)
+out["max_abs_err"] = float(np.abs(f32(host) - f32(io["y"])).max())
+if calls:
+    for _ in range(10):
+        native(xin)
+    native.synchronize()
+    lat = []
+    for _ in range(calls):
+        t = time.perf_counter(); native(xin); native.synchronize(); lat.append(time.perf_counter() - t)
+    out["call_median_s"] = sorted(lat)[len(lat) // 2]
+print(json.dumps(out))
+"""
+
+TORCH_LOAD_FILE = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+work, device = sys.argv[1], sys.argv[2]
+import torch
+from safetensors.torch import load_file
+w = load_file(os.path.join(work, "weights.safetensors"), device=device)
+if device != "cpu":
+    torch.cuda.synchronize()
+print(json.dumps({"s": time.perf_counter() - t0, "tensors": len(w)}))
+"""
+
+TORCH_LOAD = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+work, key, device, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+import torch
+from torch_compiled_graphs import Engine
+from safetensors.torch import load_file
+graph = Engine(os.path.join(work, "store")).resolve(key, os.path.join(work, "r", str(os.getpid())))
+run = graph.load(os.path.join(work, "weights.safetensors"), device=device)
+io = load_file(os.path.join(work, "io.safetensors"))
+x = io["x"].to(device)
+with torch.no_grad():
+    y = run(x).cpu()
+t1 = time.perf_counter()
+out = {"s": t1 - t0, "timings": run.timings,
+       "max_abs_err": float((y.float() - io["y"].float()).abs().max())}
+if calls:
+    with torch.no_grad():
+        for _ in range(10):
+            run(x)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        lat = []
+        for _ in range(calls):
+            t = time.perf_counter(); run(x)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            lat.append(time.perf_counter() - t)
+    out["call_median_s"] = sorted(lat)[len(lat) // 2]
+print(json.dumps(out))
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    extra = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [*SITE, str(ROOT / "python"), extra] if p)
+    return env
+
+
+#: Where the wheel was installed (``--site``), ahead of the source tree.
+SITE: list[str] = []
+
+
+def child(code: str, *args: object, env: dict[str, str] | None = None, timeout: float = 900) -> dict[str, object]:
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env or _env(),
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def reader_threads() -> int:
+    """The pipeline's default (min(8, cpus)), for a floor read with as many threads."""
+    return min(8, os.cpu_count() or 1)
+
+
+def rust(serve: str, work: Path, key: str, device: str, torch_lib: str) -> dict[str, object]:
+    argv = [serve, "--store", str(work / "store"), "--key", key, "--dest", str(work / "r" / f"rust-{time.time_ns()}")]
+    argv += ["--torch-lib", torch_lib, "--weights", str(work / "weights.safetensors"), "--verbose"]
+    argv += ["--io", str(work / "io.safetensors"), "--in", "x", "--out", "y", "--device", device]
+    argv += ["--rtol", "5e-2", "--atol", "5e-2"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"serve failed ({proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"s": report["ttfi_s"], "timings": report.get("timings"), "ok": report["ok"]}
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--sizes", default="small,large")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--serve-bin")
+    parser.add_argument("--site", help="a directory the wheel was installed into (put first on PYTHONPATH)")
+    parser.add_argument("--work", type=Path, help="where models and stores go (default: a folder in --out)")
+    parser.add_argument("--cxx", help="the C++ compiler inductor runs (CXX)")
+    parser.add_argument("--calls", type=int, default=50, help="steady-state calls timed per size")
+    args = parser.parse_args(argv)
+    if args.site:
+        SITE.append(os.path.abspath(args.site))
+    if args.cxx:
+        os.environ["CXX"] = args.cxx
+    args.out.mkdir(parents=True, exist_ok=True)
+    work_root = args.work or args.out / "coldstart-work"
+    cuda = args.device != "cpu"
+    sizes = [s for s in args.sizes.split(",") if s]
+    report: dict[str, object] = {"device": args.device, "repeat": args.repeat, "threads": reader_threads()}
+
+    def save() -> None:
+        (args.out / "coldstart.json").write_text(json.dumps(report, indent=1))
+
+    # Both models are minted at once (the compiles dominate; they overlap).
+    works = {size: work_root / size for size in sizes}
+    procs = {}
+    for size, work in works.items():
+        work.mkdir(parents=True, exist_ok=True)
+        cfg = SIZES[size]
+        procs[size] = subprocess.Popen(
+            [sys.executable, "-c", MINT, str(work), str(cfg["dim"]), str(cfg["blocks"]), str(SEQ), args.device],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+    minted: dict[str, dict[str, object]] = {}
+    for size, proc in procs.items():
+        out, err = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"mint of {size} failed:\n{err[-4000:]}")
+        minted[size] = json.loads(out.strip().splitlines()[-1])
+    report["minted"] = minted
+    save()
+    torch_lib = ""
+    if args.serve_bin:
+        torch_lib = child(
+            "import json; from torch_compiled_graphs.native import find_torch_lib; "
+            "print(json.dumps({'lib': find_torch_lib()}))"
+        )["lib"]  # type: ignore[assignment]
+
+    for size in sizes:
+        work = works[size]
+        key = str(minted[size]["key"])
+        weights = work / "weights.safetensors"
+        nbytes = int(minted[size]["bytes"])  # type: ignore[call-overload]
+        child(READ, weights, reader_threads())  # the page cache holds the file from here on
+        ways = {
+            "floor_read": lambda: child(READ, weights, reader_threads()),
+            "native": lambda: child(NATIVE, work, key, args.device, 0),
+            "torch_load_file": lambda: child(TORCH_LOAD_FILE, work, args.device),
+        }
+        if cuda:
+            ways["floor_context"] = lambda: child(CTX)
+        if args.serve_bin:
+            ways["rust"] = lambda: rust(args.serve_bin, work, key, args.device, str(torch_lib))
+        ways["torch_load"] = lambda: child(TORCH_LOAD, work, key, args.device, 0)
+        samples: dict[str, list[dict[str, object]]] = {name: [] for name in ways}
+        entry: dict[str, object] = {"bytes": nbytes, "samples": samples}
+        report[size] = entry
+        if cuda:
+            entry["floor_h2d"] = child(H2D, nbytes)
+        names = list(ways)
+        for r in range(args.repeat):
+            for name in names if r % 2 == 0 else reversed(names):
+                try:
+                    samples[name].append(ways[name]())
+                except Exception as exc:  # recorded; the other ways go on
+                    samples[name].append({"error": f"{type(exc).__name__}: {exc}"[-3000:]})
+                save()
+        medians = {
+            name: statistics.median(float(s["s"]) for s in runs if "s" in s)  # type: ignore[arg-type]
+            for name, runs in samples.items()
+            if any("s" in s for s in runs)
+        }
+        floor = medians.get("floor_read", 0.0)
+        if cuda:
+            floor += medians.get("floor_context", 0.0) + float(entry["floor_h2d"]["s"])  # type: ignore[index]
+        entry["medians"] = medians
+        entry["floor_s"] = floor
+        ratios: dict[str, float] = {}
+        if "native" in medians and floor:
+            ratios["native_over_floor"] = medians["native"] / floor
+        if "native" in medians and "torch_load_file" in medians:
+            ratios["torch_load_file_over_native"] = medians["torch_load_file"] / medians["native"]
+        if "rust" in medians and "native" in medians:
+            ratios["rust_over_native"] = medians["rust"] / medians["native"]
+        if "torch_load" in medians and "native" in medians:
+            ratios["torch_load_over_native"] = medians["torch_load"] / medians["native"]
+        entry["ratios"] = ratios
+        save()
+        if args.calls:
+            # Steady state: one call of the native path against the torch-based load's.
+            try:
+                n = child(NATIVE, work, key, args.device, args.calls)
+                t = child(TORCH_LOAD, work, key, args.device, args.calls)
+                entry["call_median_s"] = {"native": n["call_median_s"], "torch_load": t["call_median_s"]}
+                entry["ratios"]["call_native_over_torch_load"] = float(n["call_median_s"]) / float(  # type: ignore[index, arg-type]
+                    t["call_median_s"]  # type: ignore[arg-type]
+                )
+            except Exception as exc:
+                entry["call_error"] = f"{type(exc).__name__}: {exc}"[-3000:]
+            save()
+        print(json.dumps({size: {"medians": medians, "floor_s": floor, "ratios": entry["ratios"]}}), flush=True)
+    save()
+    return report
+
+
+if __name__ == "__main__":
+    main()
