@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZES = {"tiny": {"dim": 256, "blocks": 2}, "small": {"dim": 2048, "blocks": 8}, "large": {"dim": 8192, "blocks": 8}}
@@ -295,6 +296,82 @@ def rust(serve: str, work: Path, key: str, device: str, torch_lib: str) -> dict[
     return {"s": report["ttfi_s"], "timings": report.get("timings"), "ok": report["ok"]}
 
 
+def measure(
+    args: argparse.Namespace,
+    size: str,
+    sizes: list[str],
+    works: dict[str, Path],
+    minted: dict[str, dict[str, object]],
+    torch_lib: str,
+    report: dict[str, object],
+    save: Any,
+) -> None:
+    """One model's floor and ways, interleaved, medians, ratios (saved after each)."""
+    cuda = args.device != "cpu"
+    work = works[size]
+    key = str(minted[size]["key"])
+    weights = work / "weights.safetensors"
+    nbytes = int(minted[size]["bytes"])  # type: ignore[call-overload]
+    child(READ, weights, reader_threads())  # the page cache holds the file from here on
+    ways = {
+        "floor_read": lambda: child(READ, weights, reader_threads()),
+        "native": lambda: child(NATIVE, work, key, args.device, 0),
+        "torch_load_file": lambda: child(TORCH_LOAD_FILE, work, args.device),
+    }
+    if cuda:
+        ways["floor_context"] = lambda: child(CTX)
+    if args.serve_bin:
+        ways["rust"] = lambda: rust(args.serve_bin, work, key, args.device, str(torch_lib))
+    ways["torch_load"] = lambda: child(TORCH_LOAD, work, key, args.device, 0)
+    samples: dict[str, list[dict[str, object]]] = {name: [] for name in ways}
+    entry: dict[str, object] = {"bytes": nbytes, "samples": samples}
+    report[size] = entry
+    if cuda:
+        entry["floor_h2d"] = child(H2D, nbytes)
+    names = list(ways)
+    for r in range(args.repeat):
+        for name in names if r % 2 == 0 else reversed(names):
+            try:
+                samples[name].append(ways[name]())
+            except Exception as exc:  # recorded; the other ways go on
+                samples[name].append({"error": f"{type(exc).__name__}: {exc}"[-3000:]})
+            save()
+    medians = {
+        name: statistics.median(float(s["s"]) for s in runs if "s" in s)  # type: ignore[arg-type]
+        for name, runs in samples.items()
+        if any("s" in s for s in runs)
+    }
+    floor = medians.get("floor_read", 0.0)
+    if cuda:
+        floor += medians.get("floor_context", 0.0) + float(entry["floor_h2d"]["s"])  # type: ignore[index]
+    entry["medians"] = medians
+    entry["floor_s"] = floor
+    ratios: dict[str, float] = {}
+    if "native" in medians and floor:
+        ratios["native_over_floor"] = medians["native"] / floor
+    if "native" in medians and "torch_load_file" in medians:
+        ratios["torch_load_file_over_native"] = medians["torch_load_file"] / medians["native"]
+    if "rust" in medians and "native" in medians:
+        ratios["rust_over_native"] = medians["rust"] / medians["native"]
+    if "torch_load" in medians and "native" in medians:
+        ratios["torch_load_over_native"] = medians["torch_load"] / medians["native"]
+    entry["ratios"] = ratios
+    save()
+    if args.calls and size == sizes[0]:
+        # Steady state (on the first size): one call of the native path against the torch-based load's.
+        try:
+            n = child(NATIVE, work, key, args.device, args.calls)
+            t = child(TORCH_LOAD, work, key, args.device, args.calls)
+            entry["call_median_s"] = {"native": n["call_median_s"], "torch_load": t["call_median_s"]}
+            entry["ratios"]["call_native_over_torch_load"] = float(n["call_median_s"]) / float(  # type: ignore[index, arg-type]
+                t["call_median_s"]  # type: ignore[arg-type]
+            )
+        except Exception as exc:
+            entry["call_error"] = f"{type(exc).__name__}: {exc}"[-3000:]
+        save()
+    print(json.dumps({size: {"medians": medians, "floor_s": floor, "ratios": entry["ratios"]}}), flush=True)
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -313,7 +390,6 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         os.environ["CXX"] = args.cxx
     args.out.mkdir(parents=True, exist_ok=True)
     work_root = args.work or args.out / "coldstart-work"
-    cuda = args.device != "cpu"
     sizes = [s for s in args.sizes.split(",") if s]
     report: dict[str, object] = {"device": args.device, "repeat": args.repeat, "threads": reader_threads()}
 
@@ -349,68 +425,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         )["lib"]  # type: ignore[assignment]
 
     for size in sizes:
-        work = works[size]
-        key = str(minted[size]["key"])
-        weights = work / "weights.safetensors"
-        nbytes = int(minted[size]["bytes"])  # type: ignore[call-overload]
-        child(READ, weights, reader_threads())  # the page cache holds the file from here on
-        ways = {
-            "floor_read": lambda: child(READ, weights, reader_threads()),
-            "native": lambda: child(NATIVE, work, key, args.device, 0),
-            "torch_load_file": lambda: child(TORCH_LOAD_FILE, work, args.device),
-        }
-        if cuda:
-            ways["floor_context"] = lambda: child(CTX)
-        if args.serve_bin:
-            ways["rust"] = lambda: rust(args.serve_bin, work, key, args.device, str(torch_lib))
-        ways["torch_load"] = lambda: child(TORCH_LOAD, work, key, args.device, 0)
-        samples: dict[str, list[dict[str, object]]] = {name: [] for name in ways}
-        entry: dict[str, object] = {"bytes": nbytes, "samples": samples}
-        report[size] = entry
-        if cuda:
-            entry["floor_h2d"] = child(H2D, nbytes)
-        names = list(ways)
-        for r in range(args.repeat):
-            for name in names if r % 2 == 0 else reversed(names):
-                try:
-                    samples[name].append(ways[name]())
-                except Exception as exc:  # recorded; the other ways go on
-                    samples[name].append({"error": f"{type(exc).__name__}: {exc}"[-3000:]})
-                save()
-        medians = {
-            name: statistics.median(float(s["s"]) for s in runs if "s" in s)  # type: ignore[arg-type]
-            for name, runs in samples.items()
-            if any("s" in s for s in runs)
-        }
-        floor = medians.get("floor_read", 0.0)
-        if cuda:
-            floor += medians.get("floor_context", 0.0) + float(entry["floor_h2d"]["s"])  # type: ignore[index]
-        entry["medians"] = medians
-        entry["floor_s"] = floor
-        ratios: dict[str, float] = {}
-        if "native" in medians and floor:
-            ratios["native_over_floor"] = medians["native"] / floor
-        if "native" in medians and "torch_load_file" in medians:
-            ratios["torch_load_file_over_native"] = medians["torch_load_file"] / medians["native"]
-        if "rust" in medians and "native" in medians:
-            ratios["rust_over_native"] = medians["rust"] / medians["native"]
-        if "torch_load" in medians and "native" in medians:
-            ratios["torch_load_over_native"] = medians["torch_load"] / medians["native"]
-        entry["ratios"] = ratios
-        save()
-        if args.calls:
-            # Steady state: one call of the native path against the torch-based load's.
-            try:
-                n = child(NATIVE, work, key, args.device, args.calls)
-                t = child(TORCH_LOAD, work, key, args.device, args.calls)
-                entry["call_median_s"] = {"native": n["call_median_s"], "torch_load": t["call_median_s"]}
-                entry["ratios"]["call_native_over_torch_load"] = float(n["call_median_s"]) / float(  # type: ignore[index, arg-type]
-                    t["call_median_s"]  # type: ignore[arg-type]
-                )
-            except Exception as exc:
-                entry["call_error"] = f"{type(exc).__name__}: {exc}"[-3000:]
-            save()
-        print(json.dumps({size: {"medians": medians, "floor_s": floor, "ratios": entry["ratios"]}}), flush=True)
+        measure(args, size, sizes, works, minted, str(torch_lib), report, save)
     save()
     return report
 

@@ -17,7 +17,12 @@
    cache and (d) ``torch._inductor.aoti_load_package``, plus the steady-state
    latency of one call of (a) and (b), and of the Rust ``serve`` example when
    ``--serve-bin`` names it (which the tests run too).
-4. Writes everything to ``OUT/cuda-e2e.json`` and prints a summary.
+4. With ``--coldstart``, the cold-start benchmark (``scripts/coldstart.py``):
+   the hardware floor (CUDA context, a multi-threaded read of the weights from
+   the page cache, pinned host-to-device bandwidth) and the ways to a first
+   output for a ~0.8 GB and a ~13 GB model, in fresh processes; written to
+   ``OUT/coldstart.json`` (``--no-tests --no-bench`` runs it alone).
+5. Writes everything to ``OUT/cuda-e2e.json`` and prints a summary.
 
 On the device machine of this project (see docs/cuda.md), with the wheel
 built here and carried as ``dist``:
@@ -534,6 +539,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=6, help="models of the tier run at once")
     parser.add_argument("--models", help="comma-separated models of the tier (default: all)")
     parser.add_argument("--tests-k", help="pytest -k expression for the CUDA suite")
+    parser.add_argument("--coldstart", action="store_true", help="run the cold-start benchmark (scripts/coldstart.py)")
+    parser.add_argument("--sizes", default="small,large", help="the cold-start models (small: 0.8 GB, large: 13 GB)")
+    parser.add_argument("--coldstart-work", help="where the cold-start models go (default: a temporary folder)")
     parser.add_argument(
         "--native-only",
         action="store_true",
@@ -593,6 +601,20 @@ def main() -> None:
                     report["tests"] = suite.result()
                     print(json.dumps({"tests": report["tests"]}), flush=True)
             print(json.dumps({"static_cxx_runtime": report["static_cxx_runtime"]}), flush=True)
+            save()
+        if args.coldstart:
+            import coldstart
+
+            argv = ["--out", str(args.out), "--site", str(site), "--sizes", args.sizes, "--repeat", str(args.repeat)]
+            argv += ["--work", args.coldstart_work or str(Path(tmp) / "coldstart")]
+            if args.serve_bin:
+                argv += ["--serve-bin", os.path.abspath(args.serve_bin)]
+            if args.cxx:
+                argv += ["--cxx", args.cxx]
+            try:
+                report["coldstart"] = coldstart.main(argv)
+            except Exception as exc:  # recorded, and the run fails below
+                report["bench_error"] = f"coldstart: {type(exc).__name__}: {exc}"[-4000:]
             save()
         if not args.no_bench:
             work = Path(tmp) / "bench"

@@ -207,31 +207,37 @@ impl Drop for Readers {
     }
 }
 
-/// Host memory for constants: page-aligned, zeroed, freed on drop.
+/// Host memory for constants: zeroed, [`ALIGN`]ed, freed on drop. From
+/// `calloc`, whose large blocks are fresh zero pages mapped on first touch
+/// (an over-aligned Rust allocation would be zeroed byte by byte up front).
 pub struct HostMemory {
+    raw: *mut u8,
     ptr: *mut u8,
-    layout: std::alloc::Layout,
+    len: usize,
 }
 
 // SAFETY: plain heap memory; the pipeline writes disjoint ranges from its
-// threads and nothing reads it until they are joined.
+// threads and nothing reads it until they are done.
 unsafe impl Send for HostMemory {}
 // SAFETY: as above.
 unsafe impl Sync for HostMemory {}
 
 impl HostMemory {
     fn new(len: usize) -> Result<HostMemory> {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096)
-            .map_err(|e| too_large(format!("{len} bytes cannot be laid out: {e}")))?;
-        // SAFETY: a non-zero size; freed once on drop with the same layout.
-        // Zeroed pages are mapped lazily, so this costs nothing up front.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
+        let size = len
+            .checked_add(ALIGN)
+            .ok_or_else(|| too_large(format!("{len} bytes cannot be allocated")))?;
+        // SAFETY: a plain allocation, freed once on drop.
+        let raw = unsafe { libc::calloc(1, size) }.cast::<u8>();
+        if raw.is_null() {
             return Err(too_large(format!(
                 "cannot allocate {len} bytes of host memory for the weights"
             )));
         }
-        Ok(HostMemory { ptr, layout })
+        let pad = (ALIGN - (raw as usize % ALIGN)) % ALIGN;
+        // SAFETY: `pad < ALIGN`, inside the `len + ALIGN` bytes allocated.
+        let ptr = unsafe { raw.add(pad) };
+        Ok(HostMemory { raw, ptr, len })
     }
 
     /// The address.
@@ -242,8 +248,8 @@ impl HostMemory {
 
 impl Drop for HostMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+        // SAFETY: allocated by calloc in `new`, freed once.
+        unsafe { libc::free(self.raw.cast()) };
     }
 }
 
@@ -258,7 +264,7 @@ pub enum Memory {
 impl std::fmt::Debug for Memory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Memory::Host(h) => write!(f, "Memory::Host({} bytes)", h.layout.size()),
+            Memory::Host(h) => write!(f, "Memory::Host({} bytes)", h.len),
             Memory::Device(d) => write!(f, "Memory::{d:?}"),
         }
     }
