@@ -3,7 +3,7 @@ in the same session. Results go to bench-out/ (JSON) and are summarised on
 stdout; docs/benchmarks.md records them with this command.
 
     python scripts/bench.py [--moto PATH] [section ...]
-        sections: resolve, store, verify, ttfi, mint, fleet, build (default: all); fleet-io is fleet
+        sections: resolve, store, verify, ttfi, mint, fleet, build, coldstart (default: all); fleet-io is fleet
         without the 8-worker cold start; fleet-cold is the 8-worker cold start alone; --moto
         names the moto_server to start (default: $TCG_MOTO_SERVER, the venv's, then PATH's)
 
@@ -551,7 +551,7 @@ def main() -> None:
         i = args.index("--moto")
         os.environ["TCG_MOTO_SERVER"] = args[i + 1]
         del args[i : i + 2]
-    sections = args or ["resolve", "store", "verify", "ttfi", "mint", "fleet", "build"]
+    sections = args or ["resolve", "store", "verify", "ttfi", "mint", "fleet", "build", "coldstart"]
     OUT.mkdir(exist_ok=True)
     results: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     if "resolve" in sections:
@@ -580,6 +580,17 @@ def main() -> None:
         from bench_build import bench_build
 
         results["build"] = bench_build(CHILD_ENV)
+    if "coldstart" in sections:
+        # On this machine's CPU: the floor is the multi-threaded read (the GPU run,
+        # with its CUDA context and copies, is scripts/cuda_e2e.py --coldstart).
+        import coldstart
+
+        sh("cargo", "build", "--release", "--quiet", "-p", "tcg-run", "--example", "serve")
+        serve = ROOT / "target" / "release" / "examples" / "serve"
+        with tempfile.TemporaryDirectory(prefix="tcg-coldstart-") as tmp:
+            argv = ["--out", str(OUT), "--device", "cpu", "--sizes", "small", "--repeat", "3"]
+            argv += ["--serve-bin", str(serve), "--work", tmp]
+            results["coldstart"] = coldstart.main(argv)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (OUT / f"bench-{stamp}.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(json.dumps(results, indent=1, sort_keys=True))
