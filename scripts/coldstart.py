@@ -138,26 +138,35 @@ print(json.dumps({"s": time.perf_counter() - t0}))
 """
 
 READ = r"""
-import json, os, sys, time
-from concurrent.futures import ThreadPoolExecutor
+import json, os, sys, threading, time
 path, threads = sys.argv[1], int(sys.argv[2])
-t0 = time.perf_counter()
 size = os.path.getsize(path)
-buf = bytearray(size)
-view = memoryview(buf)
+chunk = 4 << 20
+# Each thread reads into one buffer of its own, reused (as the pipeline reuses
+# its ring): what is timed is the page cache's read, not allocating and
+# faulting in a buffer the size of the file.
+buffers = [bytearray(chunk) for _ in range(threads)]
 fd = os.open(path, os.O_RDONLY)
-chunk = 16 << 20
-def part(start):
-    end = min(start + chunk, size)
-    at = start
-    while at < end:
-        n = os.preadv(fd, [view[at:end]], at)
-        if n <= 0:
+next_chunk = iter(range(0, size, chunk))
+lock = threading.Lock()
+def reader(buf):
+    view = memoryview(buf)
+    while True:
+        with lock:
+            start = next(next_chunk, None)
+        if start is None:
+            return
+        n = min(chunk, size - start)
+        if os.preadv(fd, [view[:n]], start) != n:
             raise OSError("short read")
-        at += n
-with ThreadPoolExecutor(threads) as pool:
-    list(pool.map(part, range(0, size, chunk)))
-print(json.dumps({"s": time.perf_counter() - t0, "bytes": size}))
+t0 = time.perf_counter()
+workers = [threading.Thread(target=reader, args=(b,)) for b in buffers]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
+s = time.perf_counter() - t0
+print(json.dumps({"s": s, "bytes": size, "bandwidth": size / s}))
 """
 
 H2D = r"""
@@ -319,7 +328,12 @@ def rust(serve: str, work: Path, key: str, device: str, torch_lib: str) -> dict[
     if proc.returncode not in (0, 1) or not proc.stdout.strip():
         raise RuntimeError(f"serve failed ({proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}")
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"s": report["ttfi_s"], "timings": report.get("timings"), "ok": report["ok"]}
+    return {
+        "s": report["ttfi_s"],
+        "timings": report.get("timings"),
+        "ok": report["ok"],
+        "max_abs_err": report.get("max_abs_err"),
+    }
 
 
 def measure(
