@@ -452,37 +452,21 @@ pub fn stage(
         }
         wanted.push((row.fqn.as_str(), source, entry));
     }
-    // Laid out in file order, so that reads run forward through each file.
-    let mut order: Vec<usize> = (0..wanted.len()).collect();
-    order.sort_by_key(|&i| (wanted[i].1, wanted[i].2.offset));
-    let mut pieces = Vec::with_capacity(wanted.len());
-    let mut placed = BTreeMap::new();
-    let mut total = 0usize;
-    let mut bytes = 0u64;
-    for i in order {
-        let (fqn, source, entry) = wanted[i];
-        let dst = total;
-        total = total
-            .checked_add(entry.len.div_ceil(ALIGN) * ALIGN)
-            .ok_or_else(|| too_large("the constants do not fit in an address space".into()))?;
-        bytes += entry.len as u64;
-        if entry.len > 0 {
-            pieces.push(Piece {
-                source,
-                offset: entry.offset,
-                len: entry.len,
-                dst,
-            });
-        }
-        placed.insert(
-            fqn.to_owned(),
-            Placed {
-                offset: dst,
-                dtype: entry.dtype.clone(),
-                shape: entry.shape.iter().map(|&d| d as i64).collect(),
-            },
-        );
-    }
+    let (pieces, offsets, total) = lay_out(wanted)?;
+    let bytes: u64 = pieces.iter().map(|p| p.len as u64).sum();
+    let placed: BTreeMap<String, Placed> = offsets
+        .into_iter()
+        .map(|(fqn, dst, entry)| {
+            (
+                fqn.to_owned(),
+                Placed {
+                    offset: dst,
+                    dtype: entry.dtype.clone(),
+                    shape: entry.shape.iter().map(|&d| d as i64).collect(),
+                },
+            )
+        })
+        .collect();
     timings.push(("plan_weights", started.elapsed().as_secs_f64()));
 
     let memory = match device {
@@ -597,6 +581,21 @@ pub fn layout_of(checkpoint: &Checkpoint, names: &[String]) -> Result<Layout> {
         })?;
         wanted.push((name, source, entry));
     }
+    let (pieces, offsets, total) = lay_out(wanted)?;
+    let offsets = offsets
+        .into_iter()
+        .map(|(name, dst, _)| (name.clone(), dst))
+        .collect();
+    Ok((pieces, offsets, total))
+}
+
+/// Where each `(name, source, entry)` goes in one allocation: in file order
+/// (reads run forward through each file), each [`ALIGN`]ed. Returns the
+/// pieces to read, each name's offset, and the allocation's size.
+#[allow(clippy::type_complexity)]
+fn lay_out<'n, 'e, N: ?Sized>(
+    mut wanted: Vec<(&'n N, usize, &'e Entry)>,
+) -> Result<(Vec<Piece>, Vec<(&'n N, usize, &'e Entry)>, usize)> {
     wanted.sort_by_key(|(_, source, entry)| (*source, entry.offset));
     let mut pieces = Vec::with_capacity(wanted.len());
     let mut offsets = Vec::with_capacity(wanted.len());
@@ -614,7 +613,7 @@ pub fn layout_of(checkpoint: &Checkpoint, names: &[String]) -> Result<Layout> {
                 dst,
             });
         }
-        offsets.push((name.clone(), dst));
+        offsets.push((name, dst, entry));
     }
     Ok((pieces, offsets, total))
 }
