@@ -21,6 +21,7 @@ __all__ = [
     "PACKAGE_MEMBER",
     "QUARANTINE_REF_PREFIX",
     "TOOLCHAIN_EXCLUDED",
+    "CheckpointReader",
     "DLPackInput",
     "NativeEngine",
     "NativeModel",
