@@ -75,6 +75,7 @@ struct ReaderState {
     generation: u64,
     pending: usize,
     closed: bool,
+    panicked: bool,
 }
 
 struct ReaderShared {
@@ -106,6 +107,7 @@ impl Readers {
                 generation: 0,
                 pending: 0,
                 closed: false,
+                panicked: false,
             }),
             changed: Condvar::new(),
         });
@@ -139,8 +141,10 @@ impl Readers {
         self.handles.is_empty()
     }
 
-    /// Run `job` once on every reader thread; returns when all returned.
-    fn run(&self, job: &(dyn Fn() + Sync)) {
+    /// Run `job` once on every reader thread; returns when all returned. A
+    /// job that panicked on any thread is an error (what it was to read may
+    /// be missing), never a crash.
+    fn run(&self, job: &(dyn Fn() + Sync)) -> Result<()> {
         // SAFETY (the lifetime erasure): `job` is only called by the reader
         // threads between the moment it is published here and the moment
         // `pending` drops to zero, and this function does not return before
@@ -152,6 +156,7 @@ impl Readers {
         state.job = Some(Job(erased));
         state.generation += 1;
         state.pending = self.handles.len();
+        state.panicked = false;
         self.shared.changed.notify_all();
         while state.pending > 0 {
             state = self
@@ -161,6 +166,13 @@ impl Readers {
                 .unwrap_or_else(|p| p.into_inner());
         }
         state.job = None;
+        if state.panicked {
+            return Err(Error::new(
+                Code::RunExecutionFailed,
+                "a reader thread of the weights pipeline failed; nothing was bound",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -184,7 +196,14 @@ fn reader_loop(shared: &ReaderShared) {
         if let Some(Job(f)) = job {
             // SAFETY: see `Readers::run`: the job outlives this call. A panic
             // is contained (the job records its own errors).
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*f)() }));
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { (*f)() }));
+            if ran.is_err() {
+                shared
+                    .state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .panicked = true;
+            }
         }
         let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
         state.pending -= 1;
@@ -676,7 +695,7 @@ fn read_host(sources: &[&Source], pieces: &[Piece], base: usize, readers: &Reade
         if let Err(e) = sources[p.source].read_at(buf, p.offset + at as u64) {
             error.set(e);
         }
-    });
+    })?;
     match error.take() {
         Some(e) => Err(e),
         None => Ok(()),
@@ -776,7 +795,7 @@ fn read_device(
     let next = AtomicUsize::new(0);
     let error = FirstError::new();
     let pinned_base = pinned.ptr() as usize;
-    readers.run(&|| {
+    let ran = readers.run(&|| {
         if let Err(e) = context.make_current() {
             error.set(e);
             return;
@@ -820,6 +839,7 @@ fn read_device(
     if let Some(e) = error.take() {
         return Err(e);
     }
+    ran?;
     synced?;
     Ok((read, copy))
 }
@@ -881,6 +901,29 @@ mod tests {
             assert_eq!(seen.len(), want);
             assert!(seen.values().all(|&n| n == 1));
         }
+    }
+
+    #[test]
+    fn readers_run_every_job_on_every_thread_and_report_a_panic() {
+        let readers = Readers::spawn(3).unwrap();
+        let count = AtomicUsize::new(0);
+        for _ in 0..5 {
+            readers
+                .run(&|| {
+                    count.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 15);
+        let err = readers.run(&|| panic!("a bug in a reader")).unwrap_err();
+        assert_eq!(err.code(), Code::RunExecutionFailed);
+        // The threads survive the panic and run the next job.
+        readers
+            .run(&|| {
+                count.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 18);
     }
 
     #[test]
