@@ -162,6 +162,11 @@ fn the_serve_example_runs_as_its_own_process() {
     let store = store(dir.path());
     let run = |out: &str, dest: &str| {
         Command::new(example())
+            .args(if dest == "a" {
+                &["--verbose"][..]
+            } else {
+                &[][..]
+            })
             .args(["--store".as_ref(), store.as_os_str()])
             .args(["--key", KEY, "--in", "x", "--out", out, "--repeat", "5"])
             .args(["--dest".as_ref(), dir.path().join(dest).as_os_str()])
@@ -189,6 +194,21 @@ fn the_serve_example_runs_as_its_own_process() {
         "{stdout}"
     );
     assert!(stdout.contains("\"device\":\"cpu\""), "{stdout}");
+    // The phases of the load: in the JSON line, and on stderr with --verbose.
+    let stderr = String::from_utf8_lossy(&ok.stderr);
+    for phase in [
+        "resolve",
+        "open_libraries",
+        "create_container",
+        "read_weights",
+        "bind_weights",
+        "load_total",
+        "first_call",
+    ] {
+        assert!(stdout.contains(&format!("\"{phase}\":")), "{stdout}");
+        assert!(stderr.contains(phase), "{stderr}");
+    }
+    assert!(stderr.contains("time to output"), "{stderr}");
     // Compared against the wrong tensor: an expected negative, exit 1.
     let wrong = run("x", "b");
     assert_eq!(
