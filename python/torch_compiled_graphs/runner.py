@@ -14,7 +14,6 @@ programs) and buys nothing for a package that is already compiled and verified.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Mapping
@@ -29,8 +28,6 @@ if TYPE_CHECKING:
     from .engine import StoredCompiledGraph
 
 __all__ = ["LoadedGraph", "load"]
-
-LOGGER = logging.getLogger("torch_compiled_graphs")
 
 
 def _read_checkpoint(
@@ -364,10 +361,9 @@ class LoadedGraph:
         self._bound = bound
         self.ignored_constants, self.outside_prefix = list(plan["ignored"]), outside
         self.timings.update(timings)
-        if LOGGER.isEnabledFor(logging.DEBUG):
-            LOGGER.debug(
-                "load %s: %s", self._stored.key, ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items())
-            )
+        from .native import _log_timings
+
+        _log_timings(f"load {self._stored.key}", timings)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the graph with the original module's ``(args, kwargs)`` convention."""

@@ -217,25 +217,6 @@ impl NativeModel {
         timings(self.inner.load_timings())
     }
 
-    /// Use the weights contract of `package` (its annex, or what `metadata`
-    /// implies) for every later bind.
-    fn set_contract(
-        &self,
-        py: Python<'_>,
-        package: PathBuf,
-        metadata: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        let (declared, rows) = crate::artifact::contract_inputs(metadata)?;
-        let graph = Arc::clone(&self.inner);
-        py.detach(move || {
-            let contract =
-                tcg_core::artifact::package::weights_contract_of(&package, &declared, &rows)?;
-            graph.set_contract(contract);
-            Ok::<(), Error>(())
-        })
-        .py()
-    }
-
     /// Bind the weights (safetensors files, sharded checkpoints by their
     /// index, or directories holding either; names mapped by the prefixes)
     /// and the literal payload when the graph has literals. Returns

@@ -52,6 +52,39 @@ impl Device {
     }
 }
 
+/// The CUDA capability an artifact of axis value `sm` needs (`None` for a CPU
+/// artifact), refusing (`run.device_mismatch`) a CPU artifact on a GPU and a
+/// CUDA artifact on the CPU.
+pub fn wanted_capability(device: Device, sm: &str) -> Result<Option<u32>> {
+    let wants = tcg_core::artifact::package::cubin::sm_number(sm);
+    if device.is_cuda() != wants.is_some() {
+        return Err(Error::new(
+            Code::RunDeviceMismatch,
+            format!("the artifact is for {sm}; it cannot run on {device}"),
+        ));
+    }
+    Ok(wants)
+}
+
+/// Refuse (`run.device_mismatch`) a device of capability `(major, minor)` for
+/// an artifact built for capability `want` (its axis value `sm`).
+pub fn check_capability(
+    device: Device,
+    sm: &str,
+    want: u32,
+    (major, minor): (i32, i32),
+) -> Result<()> {
+    if u32::try_from(major * 10 + minor).unwrap_or(0) != want {
+        return Err(Error::new(
+            Code::RunDeviceMismatch,
+            format!(
+                "the artifact is for {sm}; {device} has capability {major}.{minor} (sm_{major}{minor})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl std::fmt::Display for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

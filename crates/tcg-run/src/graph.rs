@@ -18,7 +18,7 @@ use libloading::os::unix::{Library, Symbol, RTLD_LOCAL, RTLD_NOW};
 use tcg_core::artifact::metadata::{ConstantRow, ConstantSource};
 use tcg_core::{Code, Error, Result};
 
-use crate::cuda::Device;
+use crate::cuda::{check_capability, wanted_capability, Device};
 use crate::extract::{extract, Extracted};
 use crate::inputs::{input_facts, InputFact};
 use crate::pipeline::{reader_threads, stage, Memory, Readers, Staged, Timings};
@@ -210,24 +210,9 @@ impl Graph {
         rows: Vec<ConstantRow>,
     ) -> Result<Graph> {
         let device = Device::parse(device)?;
-        let wants = tcg_core::artifact::package::cubin::sm_number(sm);
-        let mismatch = |m: String| Error::new(Code::RunDeviceMismatch, m);
-        match (device, wants) {
-            (Device::Cpu, None) => {}
-            (Device::Cpu, Some(_)) | (Device::Cuda(_), None) => {
-                return Err(mismatch(format!(
-                    "the artifact is for {sm}; it cannot run on {device}"
-                )))
-            }
-            (Device::Cuda(index), Some(want)) => {
-                let (major, minor) = torch.cuda()?.capability(index)?;
-                let have = u32::try_from(major * 10 + minor).unwrap_or(0);
-                if have != want {
-                    return Err(mismatch(format!(
-                        "the artifact is for {sm}; {device} has capability {major}.{minor} (sm_{major}{minor})"
-                    )));
-                }
-            }
+        let wants = wanted_capability(device, sm)?;
+        if let (Device::Cuda(index), Some(want)) = (device, wants) {
+            check_capability(device, sm, want, torch.cuda()?.capability(index)?)?;
         }
         let extracted = extract(package, entry, wants.map(|_| sm))?;
         // SAFETY: the .so comes from the package of a verified, admitted
@@ -700,13 +685,7 @@ impl Graph {
     ) -> Result<(Graph, BindReport)> {
         let started = Instant::now();
         let parsed = Device::parse(device)?;
-        let wants = tcg_core::artifact::package::cubin::sm_number(sm);
-        if parsed.is_cuda() != wants.is_some() {
-            return Err(Error::new(
-                Code::RunDeviceMismatch,
-                format!("the artifact is for {sm}; it cannot run on {parsed}"),
-            ));
-        }
+        wanted_capability(parsed, sm)?;
         // Everything that makes threads or opens libraries comes first: glibc
         // serialises both against the `dlopen` of libtorch below.
         let readers = Readers::spawn(reader_threads())?;

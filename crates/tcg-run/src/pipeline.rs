@@ -33,7 +33,7 @@ use tcg_core::artifact::metadata::{ConstantRow, ConstantSource};
 use tcg_core::artifact::weights::WeightsContract;
 use tcg_core::{Code, Error, Result};
 
-use crate::cuda::Device;
+use crate::cuda::{check_capability, Device};
 use crate::driver::{Context, DeviceMemory, Driver, Event, PinnedMemory, Stream};
 use crate::weights::{Checkpoint, Entry, Source};
 
@@ -492,39 +492,36 @@ pub fn stage(
         Device::Cpu => {
             check_capacity(total as u64, host_available(), "the host")?;
             let memory = HostMemory::new(total)?;
-            let t = Instant::now();
-            read_host(&sources, &pieces, memory.ptr(), readers)?;
-            timings.push(("read_weights", t.elapsed().as_secs_f64()));
-            timings.push(("copy_weights", 0.0));
+            read_pieces(
+                Target::Host,
+                &sources,
+                &pieces,
+                memory.ptr(),
+                readers,
+                &mut timings,
+            )?;
             Memory::Host(memory)
         }
         Device::Cuda(index) => {
-            let t = Instant::now();
-            let context = Driver::get()?.context(index)?;
-            timings.push(("cuda_context", t.elapsed().as_secs_f64()));
+            let context = cuda_context(index, &mut timings)?;
             if let Some(want) = tcg_core::artifact::package::cubin::sm_number(sm) {
-                let (major, minor) = context.capability()?;
-                if u32::try_from(major * 10 + minor).unwrap_or(0) != want {
-                    return Err(Error::new(
-                        Code::RunDeviceMismatch,
-                        format!(
-                            "the artifact is for {sm}; {device} has capability {major}.{minor} (sm_{major}{minor})"
-                        ),
-                    ));
-                }
+                check_capability(device, sm, want, context.capability()?)?;
             }
             let (free, _) = context.memory()?;
             check_capacity(total as u64, Some(free as u64), &device.to_string())?;
             let memory = DeviceMemory::new(context, total)?;
-            let (read, copy) = read_device(context, &sources, &pieces, memory.ptr(), readers)?;
-            timings.push(("read_weights", read));
-            timings.push(("copy_weights", copy));
+            let target = Target::Device(context);
+            read_pieces(
+                target,
+                &sources,
+                &pieces,
+                memory.ptr(),
+                readers,
+                &mut timings,
+            )?;
             Memory::Device(memory)
         }
     };
-    for s in &sources {
-        s.check_unchanged()?;
-    }
     Ok(Staged {
         memory,
         placed,
@@ -561,26 +558,55 @@ pub unsafe fn read_to(
     let sources: Vec<&Source> = checkpoint.sources().iter().collect();
     let mut timings: Timings = Vec::new();
     let readers = Readers::spawn(reader_threads())?;
-    match device {
-        Device::Cpu => {
+    let target = match device {
+        Device::Cpu => Target::Host,
+        Device::Cuda(index) => Target::Device(cuda_context(index, &mut timings)?),
+    };
+    read_pieces(target, &sources, &pieces, base, &readers, &mut timings)?;
+    Ok((offsets, timings))
+}
+
+/// Where the pieces of a read go.
+#[derive(Clone, Copy)]
+enum Target {
+    /// Host memory.
+    Host,
+    /// Device memory of this context.
+    Device(Context),
+}
+
+/// The primary context of CUDA device `index`, its creation timed (`cuda_context`).
+fn cuda_context(index: i32, timings: &mut Timings) -> Result<Context> {
+    let t = Instant::now();
+    let context = Driver::get()?.context(index)?;
+    timings.push(("cuda_context", t.elapsed().as_secs_f64()));
+    Ok(context)
+}
+
+/// Read `pieces` to `base` on `target` (`read_weights`, `copy_weights`), then
+/// refuse a source that changed while it was read.
+fn read_pieces(
+    target: Target,
+    sources: &[&Source],
+    pieces: &[Piece],
+    base: usize,
+    readers: &Readers,
+    timings: &mut Timings,
+) -> Result<()> {
+    let (read, copy) = match target {
+        Target::Host => {
             let t = Instant::now();
-            read_host(&sources, &pieces, base, &readers)?;
-            timings.push(("read_weights", t.elapsed().as_secs_f64()));
-            timings.push(("copy_weights", 0.0));
+            read_host(sources, pieces, base, readers)?;
+            (t.elapsed().as_secs_f64(), 0.0)
         }
-        Device::Cuda(index) => {
-            let t = Instant::now();
-            let context = Driver::get()?.context(index)?;
-            timings.push(("cuda_context", t.elapsed().as_secs_f64()));
-            let (read, copy) = read_device(context, &sources, &pieces, base, &readers)?;
-            timings.push(("read_weights", read));
-            timings.push(("copy_weights", copy));
-        }
-    }
-    for s in &sources {
+        Target::Device(context) => read_device(context, sources, pieces, base, readers)?,
+    };
+    timings.push(("read_weights", read));
+    timings.push(("copy_weights", copy));
+    for s in sources {
         s.check_unchanged()?;
     }
-    Ok((offsets, timings))
+    Ok(())
 }
 
 /// The pieces to read, each name's offset, and the allocation's size.
