@@ -502,3 +502,77 @@ def test_the_rust_serve_example_runs_the_gpu_graph(minted: dict[str, Any], tmp_p
     report = json.loads(run.stdout.strip().splitlines()[-1])
     assert report["ok"] is True and report["device"] == "cuda:0" and report["calls"] == 50
     assert report["torch_check"] == "record digest"
+
+
+# ----------------------------------------------------------------- weights too large for the device
+
+
+class Wide(torch.nn.Module):
+    """64 MiB of float32 weights: more than the room a filled device leaves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = torch.nn.Linear(4096, 4096)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.l(x)
+        return out
+
+
+FILLED = """
+import json, sys
+import torch
+from torch_compiled_graphs import Engine
+from torch_compiled_graphs.errors import BindingError
+graph = Engine(sys.argv[1]).resolve(sys.argv[2], sys.argv[3])
+# Fill the device (1 GiB, then 64 MiB, then 2 MiB pieces) so that less than
+# the weights' 64 MiB is left.
+hold = []
+for size in (1 << 30, 1 << 26, 1 << 21):
+    while True:
+        try:
+            hold.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        except torch.OutOfMemoryError:
+            break
+out = {"free": torch.cuda.mem_get_info()[0]}
+for name, call in [("load_native", graph.load_native), ("load", graph.load)]:
+    try:
+        call(sys.argv[4], device="cuda:0")
+        out[name] = "loaded"
+    except BindingError as e:
+        out[name] = e.code
+        out[name + "_message"] = str(e)
+# With the room given back, the same weights load and run.
+hold.clear()
+torch.cuda.empty_cache()
+native = graph.load_native(sys.argv[4], device="cuda:0")
+x = torch.ones(2, 4096, device="cuda")
+out["after"] = list(torch.from_dlpack(native(x)).shape)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.real_aoti
+def test_weights_too_large_for_the_device_are_refused_and_nothing_is_left_behind(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = Wide().cuda().eval()
+    program = torch.export.export(net, (torch.randn(2, 4096, device="cuda"),))
+    spec = GraphClassSpec("cuda/wide", "cuda-tests", program)
+    toolchain = record_toolchain()
+    key = RuntimeCompatibility(device_sm(), toolchain=toolchain).key(spec.declare())
+    engine = Engine(tmp_path / "store")
+    engine.ensure(key, tmp_path / "graph", target=device_sm(), toolchain=toolchain, recipe=lambda: spec)
+    weights = save_weights(net, tmp_path / "w.safetensors")
+    child = subprocess.run(
+        [sys.executable, "-c", FILLED, str(tmp_path / "store"), str(key), str(tmp_path / "r"), str(weights)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stderr[-4000:]
+    report = json.loads(child.stdout.strip().splitlines()[-1])
+    assert report["free"] < 64 << 20, report
+    assert report["load_native"] == "run.weights_too_large", report
+    assert report["load"] == "run.weights_too_large", report
+    assert "cuda:0" in report["load_native_message"], report
+    assert report["after"] == [2, 4096], report

@@ -18,7 +18,17 @@ import pytest
 
 from .conftest import REFERENCE_WEIGHTS, refused_binding
 
-PHASES = {"open_libraries", "create_container", "plan_weights", "read_weights", "copy_weights", "bind_weights"}
+PHASES = {
+    "open_libraries",
+    "extract_package",
+    "open_model",
+    "create_container",
+    "plan_weights",
+    "allocate_weights",
+    "read_weights",
+    "copy_weights",
+    "bind_weights",
+}
 
 
 @pytest.fixture(scope="module")

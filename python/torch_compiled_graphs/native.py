@@ -446,11 +446,13 @@ class NativeGraph:
             *self._naming,
         )
         self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
-        #: How long each phase of loading took, in seconds: ``open_libraries``,
-        #: ``create_container``, ``plan_weights``, ``cuda_context`` (GPU),
-        #: ``read_weights``, ``copy_weights``, ``bind_weights``, ``load_total``,
-        #: and ``first_call`` once the first call returned. Reading the weights
-        #: runs beside opening the libraries and creating the container, so the
+        #: How long each phase of loading took, in seconds (docs/run.md lists
+        #: them): ``open_libraries``, ``extract_package``, ``open_model``,
+        #: ``create_container``, ``plan_weights``, ``allocate_weights``,
+        #: ``read_weights``, ``copy_weights``, ``bind_weights``, on a GPU
+        #: ``cuda_context``, ``cuda_runtime`` and ``staging_ring``, then
+        #: ``load_total``, and ``first_call`` once the first call returned.
+        #: Extraction and the weights run beside opening the libraries, so the
         #: phases overlap; ``load_total`` is the wall time of the load.
         self.timings: dict[str, float] = dict(timings)
         self.timings["load_total"] = time.perf_counter() - started

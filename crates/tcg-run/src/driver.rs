@@ -191,9 +191,8 @@ impl Driver {
         ))
     }
 
-    /// The primary context of device `index` (created on first use), made
-    /// current on the calling thread.
-    pub fn context(&'static self, index: i32) -> Result<Context> {
+    /// The device handle of `index`, refused when no such device is visible.
+    fn device(&self, index: i32) -> Result<CuDevice> {
         let mut count: c_int = 0;
         // SAFETY: writes one int.
         self.check(
@@ -206,17 +205,32 @@ impl Driver {
             )));
         }
         let mut device: CuDevice = 0;
+        // SAFETY: an out-pointer to a local; the ordinal was checked above.
+        self.check(
+            unsafe { (self.device_get)(&mut device, index) },
+            "cuDeviceGet",
+        )?;
+        Ok(device)
+    }
+
+    /// The compute capability `(major, minor)` of device `index`, asked of
+    /// the driver alone (no context is created).
+    pub fn capability(&self, index: i32) -> Result<(i32, i32)> {
+        capability_of(self, self.device(index)?)
+    }
+
+    /// The primary context of device `index` (created on first use), made
+    /// current on the calling thread.
+    pub fn context(&'static self, index: i32) -> Result<Context> {
+        let device = self.device(index)?;
         let mut ctx: CuContext = std::ptr::null_mut();
-        // SAFETY: out-pointers to locals; the ordinal was checked above. The
-        // primary context is retained for the life of the process (never
+        // SAFETY: an out-pointer to a local, a device the driver handed out.
+        // The primary context is retained for the life of the process (never
         // released: the runtime shares it).
-        unsafe {
-            self.check((self.device_get)(&mut device, index), "cuDeviceGet")?;
-            self.check(
-                (self.primary_ctx_retain)(&mut ctx, device),
-                "context creation",
-            )?;
-        }
+        self.check(
+            unsafe { (self.primary_ctx_retain)(&mut ctx, device) },
+            "context creation",
+        )?;
         let context = Context {
             driver: self,
             ctx: ctx as usize,
@@ -226,6 +240,23 @@ impl Driver {
         context.make_current()?;
         Ok(context)
     }
+}
+
+/// The compute capability `(major, minor)` of `device`.
+fn capability_of(driver: &Driver, device: CuDevice) -> Result<(i32, i32)> {
+    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+    // SAFETY: each call writes one int for a device the driver handed out.
+    unsafe {
+        driver.check(
+            (driver.device_get_attribute)(&mut major, ATTR_CC_MAJOR, device),
+            "capability query",
+        )?;
+        driver.check(
+            (driver.device_get_attribute)(&mut minor, ATTR_CC_MINOR, device),
+            "capability query",
+        )?;
+    }
+    Ok((major, minor))
 }
 
 /// A device's primary context, retained for the life of the process.
@@ -255,19 +286,7 @@ impl Context {
 
     /// The device's compute capability `(major, minor)`.
     pub fn capability(&self) -> Result<(i32, i32)> {
-        let (mut major, mut minor): (c_int, c_int) = (0, 0);
-        // SAFETY: each call writes one int for a device that exists.
-        unsafe {
-            self.driver.check(
-                (self.driver.device_get_attribute)(&mut major, ATTR_CC_MAJOR, self.device),
-                "capability query",
-            )?;
-            self.driver.check(
-                (self.driver.device_get_attribute)(&mut minor, ATTR_CC_MINOR, self.device),
-                "capability query",
-            )?;
-        }
-        Ok((major, minor))
+        capability_of(self.driver, self.device)
     }
 
     /// Free and total bytes of device memory.

@@ -215,12 +215,27 @@ impl Graph {
             check_capability(device, sm, want, torch.cuda()?.capability(index)?)?;
         }
         let extracted = extract(package, entry, wants.map(|_| sm))?;
+        Graph::from_extracted(torch, extracted, device, rows, &mut Vec::new())
+    }
+
+    /// Open the graph's `.so` from its private directory (`open_model`) and
+    /// create its container (`create_container`), both timed into `timings`.
+    /// The device's capability was checked by the caller.
+    fn from_extracted(
+        torch: Arc<Torch>,
+        extracted: Extracted,
+        device: Device,
+        rows: Vec<ConstantRow>,
+        timings: &mut Timings,
+    ) -> Result<Graph> {
+        let t = Instant::now();
         // SAFETY: the .so comes from the package of a verified, admitted
         // artifact (resolve checked its ELF machine and this host's ISA); its
         // initialisers only register the kernels it carries.
         let library =
             unsafe { Library::open(Some(extracted.shared_object()), RTLD_NOW | RTLD_LOCAL) }
                 .map_err(|e| invalid(format!("cannot load the graph's .so: {e}")))?;
+        timings.push(("open_model", t.elapsed().as_secs_f64()));
         let create: CreateWithDevice = get(&library, "AOTInductorModelContainerCreateWithDevice")?;
         let api = Api {
             delete: get(&library, "AOTInductorModelContainerDelete")?,
@@ -273,9 +288,16 @@ impl Graph {
             std::ptr::null()
         };
         let _device_guard = match device {
-            Device::Cuda(i) => Some(torch.cuda()?.device_guard(i)?),
+            Device::Cuda(i) => {
+                // The runtime's first call in the process initialises it.
+                let t = Instant::now();
+                let guard = torch.cuda()?.device_guard(i)?;
+                timings.push(("cuda_runtime", t.elapsed().as_secs_f64()));
+                Some(guard)
+            }
             Device::Cpu => None,
         };
+        let t = Instant::now();
         let mut container: Container = std::ptr::null_mut();
         // SAFETY: one model; `device_c` and `cubin_dir` are NUL-terminated
         // strings that outlive the call; a CUDA graph finds its kernels in the
@@ -376,6 +398,7 @@ impl Graph {
             }
         }
         graph.check_rows(rows)?;
+        timings.push(("create_container", t.elapsed().as_secs_f64()));
         Ok(graph)
     }
 
@@ -659,18 +682,21 @@ impl Graph {
         })
     }
 
-    /// How long loading took, phase by phase (`open_libraries`,
-    /// `create_container`, and those of the first bind when the graph was
-    /// loaded with [`Graph::load_bound`]).
+    /// How long loading took, phase by phase, when the graph was loaded with
+    /// [`Graph::load_bound`] (`open_libraries`, `extract_package`,
+    /// `open_model`, `create_container`, those of the first bind, ...;
+    /// docs/run.md lists them); empty for [`Graph::load`].
     pub fn load_timings(&self) -> &Timings {
         &self.load_timings
     }
 
     /// Load the graph (as [`Graph::load`]) and bind `weights` in one step,
-    /// overlapped: the weights are staged on another thread (on a GPU, with
-    /// the CUDA driver: the device context, a pinned ring, the copies) while
-    /// libtorch's libraries are opened and the container is created; only
-    /// the final hand-over waits for both.
+    /// overlapped: while libtorch's libraries are opened, one thread extracts
+    /// the package (the `.so` and its cubins, checked) and another stages the
+    /// weights (on a GPU with the CUDA driver alone: the device context, a
+    /// pinned ring, the copies); the container is created once both the
+    /// libraries and the extraction are there, and only the final hand-over
+    /// waits for the weights.
     #[allow(clippy::too_many_arguments)]
     pub fn load_bound(
         torch_lib: &Path,
@@ -685,7 +711,7 @@ impl Graph {
     ) -> Result<(Graph, BindReport)> {
         let started = Instant::now();
         let parsed = Device::parse(device)?;
-        wanted_capability(parsed, sm)?;
+        let wants = wanted_capability(parsed, sm)?;
         // Everything that makes threads or opens libraries comes first: glibc
         // serialises both against the `dlopen` of libtorch below.
         let readers = Readers::spawn(reader_threads())?;
@@ -693,26 +719,61 @@ impl Graph {
             // Its refusal, if any, is reported by staging.
             let _ = crate::driver::Driver::library();
         }
+        // Both helper threads have started before the `dlopen` begins.
+        let started_both = std::sync::Barrier::new(3);
         let (loaded, staged) = std::thread::scope(|scope| {
-            let staging =
-                scope.spawn(|| stage(&rows, &contract, checkpoint, literals, parsed, sm, &readers));
+            let staging = scope.spawn(|| {
+                started_both.wait();
+                stage(&rows, &contract, checkpoint, literals, parsed, sm, &readers)
+            });
+            let extracting = scope.spawn(|| {
+                started_both.wait();
+                let t = Instant::now();
+                (
+                    extract(package, entry, wants.map(|_| sm)),
+                    t.elapsed().as_secs_f64(),
+                )
+            });
+            started_both.wait();
             let loaded = (|| -> Result<(Graph, Timings)> {
                 let mut timings: Timings = Vec::new();
                 let t = Instant::now();
-                let torch = Torch::open(torch_lib)?;
-                if parsed.is_cuda() {
-                    torch.cuda()?;
-                }
+                let torch = Torch::open(torch_lib).and_then(|torch| {
+                    if parsed.is_cuda() {
+                        torch.cuda()?;
+                    }
+                    Ok(torch)
+                });
                 timings.push(("open_libraries", t.elapsed().as_secs_f64()));
                 let t = Instant::now();
-                let graph = Graph::load(torch, package, entry, device, sm, rows.clone())?;
-                timings.push(("create_container", t.elapsed().as_secs_f64()));
+                let (extracted, took) = extracting.join().unwrap_or_else(|_| {
+                    (Err(invalid("extracting the package panicked".into())), 0.0)
+                });
+                timings.push(("extract_package", took));
+                timings.push(("wait_package", t.elapsed().as_secs_f64()));
+                let torch = torch?;
+                let extracted = extracted?;
+                if let (Device::Cuda(index), Some(want)) = (parsed, wants) {
+                    // Asked of the driver (staging opened it): the runtime is
+                    // first called by the container's creation.
+                    let have = crate::driver::Driver::get()?.capability(index)?;
+                    check_capability(parsed, sm, want, have)?;
+                }
+                let graph =
+                    Graph::from_extracted(torch, extracted, parsed, rows.clone(), &mut timings)?;
                 Ok((graph, timings))
             })();
+            let t = Instant::now();
             let staged = staging
                 .join()
                 .unwrap_or_else(|_| Err(invalid("the weights pipeline panicked".into())));
-            (loaded, staged)
+            (
+                loaded.map(|(g, mut timings)| {
+                    timings.push(("wait_weights", t.elapsed().as_secs_f64()));
+                    (g, timings)
+                }),
+                staged,
+            )
         });
         // A package or device refusal says more than what staging hit after it.
         let (mut graph, mut timings) = loaded?;

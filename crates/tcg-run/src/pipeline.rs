@@ -84,9 +84,9 @@ struct ReaderShared {
 }
 
 /// The pipeline's reader threads, started before anything else: glibc
-/// serialises thread creation against a `dlopen` in progress, so threads made
-/// while libtorch's libraries load would wait for them; made first, they read
-/// while the libraries load.
+/// serialises a thread's creation and start against a `dlopen` in progress,
+/// so threads made (or still starting) while libtorch's libraries load would
+/// wait for them; started first, they read while the libraries load.
 pub struct Readers {
     shared: Arc<ReaderShared>,
     handles: Vec<std::thread::JoinHandle<()>>,
@@ -128,6 +128,9 @@ impl Readers {
                 })?;
             readers.handles.push(handle);
         }
+        // Returns once every thread has started and waits for work: a
+        // thread still starting when a `dlopen` begins would wait for it.
+        readers.run(&|| {})?;
         Ok(readers)
     }
 
@@ -490,8 +493,10 @@ pub fn stage(
 
     let memory = match device {
         Device::Cpu => {
+            let t = Instant::now();
             check_capacity(total as u64, host_available(), "the host")?;
             let memory = HostMemory::new(total)?;
+            timings.push(("allocate_weights", t.elapsed().as_secs_f64()));
             read_pieces(
                 Target::Host,
                 &sources,
@@ -507,9 +512,11 @@ pub fn stage(
             if let Some(want) = tcg_core::artifact::package::cubin::sm_number(sm) {
                 check_capability(device, sm, want, context.capability()?)?;
             }
+            let t = Instant::now();
             let (free, _) = context.memory()?;
             check_capacity(total as u64, Some(free as u64), &device.to_string())?;
             let memory = DeviceMemory::new(context, total)?;
+            timings.push(("allocate_weights", t.elapsed().as_secs_f64()));
             let target = Target::Device(context);
             read_pieces(
                 target,
@@ -599,7 +606,11 @@ fn read_pieces(
             read_host(sources, pieces, base, readers)?;
             (t.elapsed().as_secs_f64(), 0.0)
         }
-        Target::Device(context) => read_device(context, sources, pieces, base, readers)?,
+        Target::Device(context) => {
+            let (ring, read, copy) = read_device(context, sources, pieces, base, readers)?;
+            timings.push(("staging_ring", ring));
+            (read, copy)
+        }
     };
     timings.push(("read_weights", read));
     timings.push(("copy_weights", copy));
@@ -796,7 +807,8 @@ impl Ring {
 }
 
 /// Read `pieces` through a ring of pinned buffers and copy each to `memory`
-/// on a copy stream while the next is read. Returns the seconds until every
+/// on a copy stream while the next is read. Returns the seconds setting up
+/// the ring took (stream, events, pinned buffers), the seconds until every
 /// read was done and the copies queued, and the seconds the copies took
 /// after that.
 fn read_device(
@@ -805,8 +817,8 @@ fn read_device(
     pieces: &[Piece],
     base: usize,
     readers: &Readers,
-) -> Result<(f64, f64)> {
-    let started = Instant::now();
+) -> Result<(f64, f64, f64)> {
+    let t = Instant::now();
     let chunks = chunks(pieces, SLOT_BYTES);
     let slots = (2 * readers.len()).min(chunks.len()).max(1);
     let stream = Stream::new(context)?;
@@ -821,6 +833,8 @@ fn read_device(
     let next = AtomicUsize::new(0);
     let error = FirstError::new();
     let pinned_base = pinned.ptr() as usize;
+    let ring_s = t.elapsed().as_secs_f64();
+    let started = Instant::now();
     let ran = readers.run(&|| {
         if let Err(e) = context.make_current() {
             error.set(e);
@@ -867,7 +881,7 @@ fn read_device(
     }
     ran?;
     synced?;
-    Ok((read, copy))
+    Ok((ring_s, read, copy))
 }
 
 #[cfg(test)]

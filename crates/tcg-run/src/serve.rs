@@ -342,11 +342,13 @@ impl Served {
         Ok(report)
     }
 
-    /// How long loading took, phase by phase, in seconds: `open_libraries`,
-    /// `create_container`, `plan_weights`, `cuda_context` (on a GPU),
-    /// `read_weights`, `copy_weights`, `bind_weights`, `load_total`. Staging
-    /// the weights runs beside opening the libraries and creating the
-    /// container, so the phases overlap; `load_total` is the wall time.
+    /// How long loading took, phase by phase, in seconds (docs/run.md, "The
+    /// weights pipeline and the phases of a load"): `open_libraries`,
+    /// `extract_package`, `open_model`, `create_container`, `plan_weights`,
+    /// `allocate_weights`, `read_weights`, `copy_weights`, `bind_weights`,
+    /// `load_total`, and on a GPU `cuda_context`, `cuda_runtime` and
+    /// `staging_ring`. Extraction and staging run beside opening the
+    /// libraries, so the phases overlap; `load_total` is the wall time.
     pub fn timings(&self) -> &crate::pipeline::Timings {
         self.graph.load_timings()
     }

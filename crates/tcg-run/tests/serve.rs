@@ -199,7 +199,10 @@ fn the_serve_example_runs_as_its_own_process() {
     for phase in [
         "resolve",
         "open_libraries",
+        "extract_package",
+        "open_model",
         "create_container",
+        "allocate_weights",
         "read_weights",
         "bind_weights",
         "load_total",

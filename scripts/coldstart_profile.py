@@ -1,0 +1,105 @@
+"""Where a cold start's time goes, beyond its phases: native stack samples of
+fresh ``load_native`` processes, and the libraries' loading on their own.
+
+    python3 scripts/coldstart_profile.py --work WORK --key KEY --out OUT
+        [--py-spy PATH] [--device cuda:0] [--runs 5] [--site SITE]
+
+``WORK`` is a model folder of ``scripts/coldstart.py`` (its ``store`` and
+``weights.safetensors``), ``KEY`` its key. Writes to ``OUT``:
+
+- ``profile-<i>.txt``: py-spy's folded native stacks (``--native``, every
+  thread) of one fresh process running coldstart's native way;
+- ``profile.json``: for each run its phases; the libraries opened alone in
+  fresh processes with ``RTLD_NOW`` and with ``RTLD_LAZY``; the native way
+  with ``CUDA_MODULE_LOADING=EAGER`` against the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import coldstart  # noqa: E402
+
+OPEN = r"""
+import ctypes, json, os, sys, time
+lib, mode = sys.argv[1], {"now": os.RTLD_NOW, "lazy": os.RTLD_LAZY}[sys.argv[2]]
+t = time.perf_counter()
+for name in ["libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so"]:
+    if os.path.exists(os.path.join(lib, name)):
+        ctypes.CDLL(os.path.join(lib, name), mode=mode | os.RTLD_GLOBAL)
+print(json.dumps({"s": time.perf_counter() - t}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--py-spy", help="the py-spy binary (no profiles without it)")
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--site", help="a directory the wheel was installed into")
+    args = parser.parse_args()
+    if args.site:
+        coldstart.SITE.append(os.path.abspath(args.site))
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = coldstart._env()
+    report: dict[str, object] = {}
+
+    def save() -> None:
+        (args.out / "profile.json").write_text(json.dumps(report, indent=1))
+
+    torch_lib = str(
+        coldstart.child(
+            "import json; from torch_compiled_graphs.native import find_torch_lib; "
+            "print(json.dumps({'lib': find_torch_lib()}))"
+        )["lib"]
+    )
+    native = [sys.executable, "-c", coldstart.NATIVE, str(args.work), args.key, args.device, "0"]
+    if args.py_spy:
+        runs = []
+        for i in range(args.runs):
+            folded = args.out / f"profile-{i}.txt"
+            proc = subprocess.run(
+                [args.py_spy, "record", "--native", "--threads", "--idle", "-r", "1000", "-f", "raw"]
+                + ["-o", str(folded), "--", *native],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=300,
+            )
+            lines = proc.stdout.strip().splitlines()
+            runs.append(json.loads(lines[-1]) if proc.returncode == 0 and lines else {"error": proc.stderr[-3000:]})
+            report["profiled"] = runs
+            save()
+    opened: dict[str, list[float]] = {"now": [], "lazy": []}
+    for _ in range(args.runs):
+        for mode in opened:
+            opened[mode].append(float(coldstart.child(OPEN, torch_lib, mode)["s"]))  # type: ignore[arg-type]
+    report["open_libraries"] = {m: {"median": statistics.median(v), "runs": v} for m, v in opened.items()}
+    save()
+    loading: dict[str, list[dict[str, object]]] = {"default": [], "EAGER": []}
+    for _ in range(args.runs):
+        for name in loading:
+            run_env = dict(env)
+            if name != "default":
+                run_env["CUDA_MODULE_LOADING"] = name
+            loading[name].append(coldstart.child(coldstart.NATIVE, args.work, args.key, args.device, 0, env=run_env))
+    report["module_loading"] = {
+        name: {"median": statistics.median(float(r["s"]) for r in runs), "runs": runs}  # type: ignore[arg-type]
+        for name, runs in loading.items()
+    }
+    save()
+    print(json.dumps({k: v for k, v in report.items() if k != "profiled"}, default=str)[:4000])
+
+
+if __name__ == "__main__":
+    main()
