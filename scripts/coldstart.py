@@ -17,7 +17,10 @@ the ways interleaved round by round (every other round reversed):
 - ``torch_load_file``: ``import torch`` + ``safetensors.torch.load_file`` onto
   the device + synchronize (the weights there, nothing run);
 - ``torch_load``: ``import torch`` + ``resolve`` + ``load(path)`` + first call;
-- ``rust``: the ``serve`` example (``--serve-bin``), resolve to output on the host.
+- ``rust``: the ``serve`` example (``--serve-bin``), resolve to output on the host;
+- ``libraries``: libtorch's libraries opened alone in a fresh process, as the
+  native path opens them: not part of the floor, but what running any
+  AOTInductor graph must load first (reported as a second ratio).
 
 Each figure is measured inside its process, from before its first import to
 the output (interpreter start-up, the same for every way, is left out). The
@@ -129,12 +132,13 @@ import ctypes, json, time
 t0 = time.perf_counter()
 cu = ctypes.CDLL("libcuda.so.1")
 assert cu.cuInit(0) == 0
+init = time.perf_counter() - t0
 dev = ctypes.c_int()
 assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
 ctx = ctypes.c_void_p()
 assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
 assert cu.cuCtxSetCurrent(ctx) == 0
-print(json.dumps({"s": time.perf_counter() - t0}))
+print(json.dumps({"s": time.perf_counter() - t0, "init_s": init}))
 """
 
 READ = r"""
@@ -184,6 +188,19 @@ for _ in range(3):
     s = time.perf_counter() - t
     best = s if best is None else min(best, s)
 print(json.dumps({"bandwidth": n / best, "s": size / (n / best)}))
+"""
+
+#: libtorch's libraries opened as the native path opens them (``RTLD_NOW |
+#: RTLD_GLOBAL``) in a fresh process and nothing else: what running any
+#: AOTInductor graph has to load, reported beside the floor (not in it).
+LIBRARIES = r"""
+import ctypes, json, os, sys, time
+t0 = time.perf_counter()
+lib = sys.argv[1]
+for name in ["libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so"]:
+    if os.path.exists(os.path.join(lib, name)):
+        ctypes.CDLL(os.path.join(lib, name), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+print(json.dumps({"s": time.perf_counter() - t0}))
 """
 
 NATIVE = r"""
@@ -360,6 +377,7 @@ def measure(
     }
     if cuda:
         ways["floor_context"] = lambda: child(CTX)
+    ways["libraries"] = lambda: child(LIBRARIES, torch_lib)
     if args.serve_bin:
         ways["rust"] = lambda: rust(args.serve_bin, work, key, args.device, str(torch_lib))
     ways["torch_load"] = lambda: child(TORCH_LOAD, work, key, args.device, 0)
@@ -389,6 +407,10 @@ def measure(
     ratios: dict[str, float] = {}
     if "native" in medians and floor:
         ratios["native_over_floor"] = medians["native"] / floor
+        if "libraries" in medians:
+            # The floor plus what every AOTInductor graph must load first.
+            entry["floor_and_libraries_s"] = floor + medians["libraries"]
+            ratios["native_over_floor_and_libraries"] = medians["native"] / (floor + medians["libraries"])
     if "native" in medians and "torch_load_file" in medians:
         ratios["torch_load_file_over_native"] = medians["torch_load_file"] / medians["native"]
     if "rust" in medians and "native" in medians:
@@ -457,12 +479,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         minted[size] = json.loads(out.strip().splitlines()[-1])
     report["minted"] = minted
     save()
-    torch_lib = ""
-    if args.serve_bin:
-        torch_lib = child(
+    torch_lib = str(
+        child(
             "import json; from torch_compiled_graphs.native import find_torch_lib; "
             "print(json.dumps({'lib': find_torch_lib()}))"
-        )["lib"]  # type: ignore[assignment]
+        )["lib"]
+    )
 
     for size in sizes:
         measure(args, size, sizes, works, minted, str(torch_lib), report, save)

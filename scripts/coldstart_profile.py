@@ -10,8 +10,10 @@ fresh ``load_native`` processes, and the libraries' loading on their own.
 - ``profile-<i>.txt``: py-spy's folded native stacks (``--native``, every
   thread) of one fresh process running coldstart's native way;
 - ``profile.json``: for each run its phases; the libraries opened alone in
-  fresh processes with ``RTLD_NOW`` and with ``RTLD_LAZY``; the native way
-  with ``CUDA_MODULE_LOADING=EAGER`` against the default.
+  fresh processes with ``RTLD_NOW`` and with ``RTLD_LAZY``; the native way by
+  default, with ``CUDA_MODULE_LOADING=EAGER`` and with
+  ``TORCH_COMPILED_GRAPHS_CUDA_INIT=beside`` (the driver initialised beside
+  libtorch's ``dlopen`` instead of before it), interleaved.
 """
 
 from __future__ import annotations
@@ -76,8 +78,13 @@ def main() -> None:
                 env=env,
                 timeout=300,
             )
-            lines = proc.stdout.strip().splitlines()
-            runs.append(json.loads(lines[-1]) if proc.returncode == 0 and lines else {"error": proc.stderr[-3000:]})
+            # py-spy prints its own lines too; the child's is the JSON one.
+            found: dict[str, object] = {"error": (proc.stdout + proc.stderr)[-3000:]}
+            for line in reversed(proc.stdout.splitlines()):
+                if line.startswith("{"):
+                    found = json.loads(line)
+                    break
+            runs.append(found)
             report["profiled"] = runs
             save()
     opened: dict[str, list[float]] = {"now": [], "lazy": []}
@@ -86,14 +93,19 @@ def main() -> None:
             opened[mode].append(float(coldstart.child(OPEN, torch_lib, mode)["s"]))  # type: ignore[arg-type]
     report["open_libraries"] = {m: {"median": statistics.median(v), "runs": v} for m, v in opened.items()}
     save()
-    loading: dict[str, list[dict[str, object]]] = {"default": [], "EAGER": []}
+    # Variants of the native way, by environment, interleaved.
+    variants = {
+        "default": {},
+        "module_loading_eager": {"CUDA_MODULE_LOADING": "EAGER"},
+        "cuda_init_beside": {"TORCH_COMPILED_GRAPHS_CUDA_INIT": "beside"},
+    }
+    loading: dict[str, list[dict[str, object]]] = {name: [] for name in variants}
     for _ in range(args.runs):
-        for name in loading:
-            run_env = dict(env)
-            if name != "default":
-                run_env["CUDA_MODULE_LOADING"] = name
-            loading[name].append(coldstart.child(coldstart.NATIVE, args.work, args.key, args.device, 0, env=run_env))
-    report["module_loading"] = {
+        for name, extra in variants.items():
+            loading[name].append(
+                coldstart.child(coldstart.NATIVE, args.work, args.key, args.device, 0, env={**env, **extra})
+            )
+    report["variants"] = {
         name: {"median": statistics.median(float(r["s"]) for r in runs), "runs": runs}  # type: ignore[arg-type]
         for name, runs in loading.items()
     }

@@ -715,9 +715,23 @@ impl Graph {
         // Everything that makes threads or opens libraries comes first: glibc
         // serialises both against the `dlopen` of libtorch below.
         let readers = Readers::spawn(reader_threads())?;
+        let mut early: Timings = Vec::new();
         if parsed.is_cuda() {
-            // Its refusal, if any, is reported by staging.
-            let _ = crate::driver::Driver::library();
+            // The driver is opened and initialised here, before the `dlopen`:
+            // beside libtorch's `dlopen`, creating the device context was
+            // measured to take up to four times as long, waiting for it.
+            // `TORCH_COMPILED_GRAPHS_CUDA_INIT=beside` leaves `cuInit` to
+            // staging (to measure the difference). A refusal is reported by
+            // staging.
+            let beside =
+                std::env::var_os("TORCH_COMPILED_GRAPHS_CUDA_INIT").is_some_and(|v| v == "beside");
+            let t = Instant::now();
+            let _ = if beside {
+                crate::driver::Driver::library()
+            } else {
+                crate::driver::Driver::get()
+            };
+            early.push(("cuda_init", t.elapsed().as_secs_f64()));
         }
         // Both helper threads have started before the `dlopen` begins.
         let started_both = std::sync::Barrier::new(3);
@@ -736,7 +750,7 @@ impl Graph {
             });
             started_both.wait();
             let loaded = (|| -> Result<(Graph, Timings)> {
-                let mut timings: Timings = Vec::new();
+                let mut timings: Timings = early;
                 let t = Instant::now();
                 let torch = Torch::open(torch_lib).and_then(|torch| {
                     if parsed.is_cuda() {
@@ -752,13 +766,14 @@ impl Graph {
                 timings.push(("extract_package", took));
                 timings.push(("wait_package", t.elapsed().as_secs_f64()));
                 let torch = torch?;
-                let extracted = extracted?;
                 if let (Device::Cuda(index), Some(want)) = (parsed, wants) {
-                    // Asked of the driver (staging opened it): the runtime is
-                    // first called by the container's creation.
+                    // Asked of the driver: the runtime is first called by the
+                    // container's creation. Before the extraction's result: a
+                    // device of another capability says more than its cubins.
                     let have = crate::driver::Driver::get()?.capability(index)?;
                     check_capability(parsed, sm, want, have)?;
                 }
+                let extracted = extracted?;
                 let graph =
                     Graph::from_extracted(torch, extracted, parsed, rows.clone(), &mut timings)?;
                 Ok((graph, timings))

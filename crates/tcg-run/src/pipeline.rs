@@ -1082,7 +1082,15 @@ mod tests {
         let last = unsafe { *((staged.memory.ptr() + y.offset + 4 * 1_000_000) as *const [u8; 4]) };
         assert_eq!(f32::from_le_bytes(last), (2 * 1000 + 1_000_000) as f32);
         let phases: Vec<&str> = staged.timings.iter().map(|(k, _)| *k).collect();
-        assert_eq!(phases, ["plan_weights", "read_weights", "copy_weights"]);
+        assert_eq!(
+            phases,
+            [
+                "plan_weights",
+                "allocate_weights",
+                "read_weights",
+                "copy_weights"
+            ]
+        );
     }
 
     #[test]
