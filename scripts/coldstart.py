@@ -128,7 +128,9 @@ print(json.dumps({"key": str(key), "outcome": result.outcome.value, "mint_s": ti
 )
 
 CTX = r"""
-import ctypes, json, time
+import ctypes, json, os, time
+# At its fastest: lazy module loading (the driver's default initialises slower).
+os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
 t0 = time.perf_counter()
 cu = ctypes.CDLL("libcuda.so.1")
 assert cu.cuInit(0) == 0
@@ -306,7 +308,9 @@ print(json.dumps(out))
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    # A fresh worker's environment: not what this harness's parent set (the
+    # device script imports torch, which sets CUDA_MODULE_LOADING).
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "CUDA_MODULE_LOADING")}
     extra = env.get("PYTHONPATH", "")
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*SITE, str(ROOT / "python"), extra] if p)
     return env

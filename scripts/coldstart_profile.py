@@ -11,7 +11,8 @@ fresh ``load_native`` processes, and the libraries' loading on their own.
   thread) of one fresh process running coldstart's native way;
 - ``profile.json``: for each run its phases; the libraries opened alone in
   fresh processes with ``RTLD_NOW`` and with ``RTLD_LAZY``; the native way by
-  default, with ``CUDA_MODULE_LOADING=EAGER`` and with
+  default (``load_native`` sets ``CUDA_MODULE_LOADING=LAZY`` when unset), with the
+  driver's own default (the variable set empty) and with
   ``TORCH_COMPILED_GRAPHS_CUDA_INIT=beside`` (the driver initialised beside
   libtorch's ``dlopen`` instead of before it), interleaved.
 """
@@ -27,7 +28,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import coldstart  # noqa: E402
+import coldstart
 
 OPEN = r"""
 import ctypes, json, os, sys, time
@@ -70,9 +71,9 @@ def main() -> None:
         runs = []
         for i in range(args.runs):
             folded = args.out / f"profile-{i}.txt"
+            spy = [args.py_spy, "record", "--native", "--threads", "--idle", "-r", "1000", "-f", "raw"]
             proc = subprocess.run(
-                [args.py_spy, "record", "--native", "--threads", "--idle", "-r", "1000", "-f", "raw"]
-                + ["-o", str(folded), "--", *native],
+                [*spy, "-o", str(folded), "--", *native],
                 capture_output=True,
                 text=True,
                 env=env,
@@ -96,7 +97,8 @@ def main() -> None:
     # Variants of the native way, by environment, interleaved.
     variants = {
         "default": {},
-        "module_loading_eager": {"CUDA_MODULE_LOADING": "EAGER"},
+        # Set but empty: the driver's own default (load_native sets LAZY only when unset).
+        "module_loading_driver_default": {"CUDA_MODULE_LOADING": ""},
         "cuda_init_beside": {"TORCH_COMPILED_GRAPHS_CUDA_INIT": "beside"},
     }
     loading: dict[str, list[dict[str, object]]] = {name: [] for name in variants}

@@ -137,6 +137,15 @@ def _is_record_digest(value: object) -> bool:
     return isinstance(value, str) and len(value) == 16 and all(c in "0123456789abcdef" for c in value)
 
 
+def _lazy_module_loading() -> None:
+    """Ask the CUDA driver for lazy module loading unless the environment says
+    otherwise, before it is first initialised in this process (as importing
+    torch does): without ``CUDA_MODULE_LOADING`` set, ``cuInit`` was measured
+    to take ~100 ms on an H200 instead of ~12 ms with ``LAZY``, and ``EAGER``
+    makes opening libtorch load every kernel it carries (seconds)."""
+    os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
+
+
 def _torch_record_digest(torch_lib: str) -> str | None:
     """The toolchain digest (16 hex of SHA-256 of ``RECORD``) of the torch
     distribution that owns ``torch_lib``, as ``record_toolchain`` computes it;
@@ -430,6 +439,8 @@ class NativeGraph:
         rows = [(r["fqn"], r["source"], r["dtype"], [int(d) for d in r["shape"]]) for r in stored.constants]
         literals = os.path.join(stored.path, "constants.safetensors")
         has_literals = any(r["source"] == "literal" for r in stored.constants)
+        if device.startswith("cuda"):
+            _lazy_module_loading()
         started = time.perf_counter()
         # One overlapped step: the weights are read (and, on a GPU, copied to the
         # device) while libtorch is opened and the container created.
@@ -450,7 +461,7 @@ class NativeGraph:
         #: them): ``open_libraries``, ``extract_package``, ``open_model``,
         #: ``create_container``, ``plan_weights``, ``allocate_weights``,
         #: ``read_weights``, ``copy_weights``, ``bind_weights``, on a GPU
-        #: ``cuda_context``, ``cuda_runtime`` and ``staging_ring``, then
+        #: ``cuda_init``, ``cuda_context``, ``cuda_runtime`` and ``staging_ring``, then
         #: ``load_total``, and ``first_call`` once the first call returned.
         #: Extraction and the weights run beside opening the libraries, so the
         #: phases overlap; ``load_total`` is the wall time of the load.

@@ -134,6 +134,11 @@ fn dtype_name(d: safetensors::Dtype) -> &'static str {
 }
 
 fn main() -> ExitCode {
+    // Lazy module loading unless the environment says otherwise, set while
+    // this process has one thread (docs/run.md, "CUDA_MODULE_LOADING").
+    if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        std::env::set_var("CUDA_MODULE_LOADING", "LAZY");
+    }
     let args = match parse() {
         Ok(a) => a,
         Err(e) => {
