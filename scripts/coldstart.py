@@ -129,8 +129,7 @@ print(json.dumps({"key": str(key), "outcome": result.outcome.value, "mint_s": ti
 
 CTX = r"""
 import ctypes, json, os, time
-# At its fastest: lazy module loading (the driver's default initialises slower).
-os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")
+os.environ.setdefault("CUDA_MODULE_LOADING", "LAZY")  # as load_native does
 t0 = time.perf_counter()
 cu = ctypes.CDLL("libcuda.so.1")
 assert cu.cuInit(0) == 0

@@ -12,9 +12,7 @@ fresh ``load_native`` processes, and the libraries' loading on their own.
 - ``profile.json``: for each run its phases; the libraries opened alone in
   fresh processes with ``RTLD_NOW`` and with ``RTLD_LAZY``; the native way by
   default (``load_native`` sets ``CUDA_MODULE_LOADING=LAZY`` when unset), with the
-  driver's own default (the variable set empty) and with
-  ``TORCH_COMPILED_GRAPHS_CUDA_INIT=beside`` (the driver initialised beside
-  libtorch's ``dlopen`` instead of before it), interleaved.
+  driver's own default (the variable set empty), interleaved.
 """
 
 from __future__ import annotations
@@ -99,7 +97,6 @@ def main() -> None:
         "default": {},
         # Set but empty: the driver's own default (load_native sets LAZY only when unset).
         "module_loading_driver_default": {"CUDA_MODULE_LOADING": ""},
-        "cuda_init_beside": {"TORCH_COMPILED_GRAPHS_CUDA_INIT": "beside"},
     }
     loading: dict[str, list[dict[str, object]]] = {name: [] for name in variants}
     for _ in range(args.runs):

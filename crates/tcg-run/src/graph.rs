@@ -718,19 +718,12 @@ impl Graph {
         let mut early: Timings = Vec::new();
         if parsed.is_cuda() {
             // The driver is opened and initialised here, before the `dlopen`:
-            // beside libtorch's `dlopen`, creating the device context was
-            // measured to take up to four times as long, waiting for it.
-            // `TORCH_COMPILED_GRAPHS_CUDA_INIT=beside` leaves `cuInit` to
-            // staging (to measure the difference). A refusal is reported by
-            // staging.
-            let beside =
-                std::env::var_os("TORCH_COMPILED_GRAPHS_CUDA_INIT").is_some_and(|v| v == "beside");
+            // beside libtorch's `dlopen`, initialising it and creating the
+            // device context was measured to take up to four times as long,
+            // waiting for it (cuInit alone takes ~12 ms). A refusal is
+            // reported by staging.
             let t = Instant::now();
-            let _ = if beside {
-                crate::driver::Driver::library()
-            } else {
-                crate::driver::Driver::get()
-            };
+            let _ = crate::driver::Driver::get();
             early.push(("cuda_init", t.elapsed().as_secs_f64()));
         }
         // Both helper threads have started before the `dlopen` begins.
