@@ -126,8 +126,18 @@ pub struct Cuda {
     wait_event: WaitEvent,
     event_destroy: PtrIn,
     error_string: ErrorString,
+    /// `aoti_torch_cuda_addmm_out` / `aoti_torch_cuda_mm_out`, to prime cuBLAS
+    /// (`crate::warm`); absent from runtimes without them.
+    pub(crate) addmm_out: Option<AddmmOut>,
+    pub(crate) mm_out: Option<MmOut>,
     _lib: Library,
 }
+
+/// `aoti_torch_cuda_addmm_out(out, self, mat1, mat2, beta, alpha)`.
+pub(crate) type AddmmOut =
+    unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_void, *mut c_void, f64, f64) -> i32;
+/// `aoti_torch_cuda_mm_out(out, self, mat2)`.
+pub(crate) type MmOut = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_void) -> i32;
 
 impl std::fmt::Debug for Cuda {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -180,6 +190,8 @@ impl Cuda {
             wait_event: symbol(&lib, "cudaStreamWaitEvent")?,
             event_destroy: symbol(&lib, "cudaEventDestroy")?,
             error_string: symbol(&lib, "cudaGetErrorString")?,
+            addmm_out: symbol(&lib, "aoti_torch_cuda_addmm_out").ok(),
+            mm_out: symbol(&lib, "aoti_torch_cuda_mm_out").ok(),
             _lib: lib,
         })
     }

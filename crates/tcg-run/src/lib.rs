@@ -27,6 +27,7 @@ pub mod pipeline;
 pub mod serve;
 mod stdmap;
 pub mod torch;
+mod warm;
 pub mod weights;
 
 pub use cuda::{Cuda, Device};

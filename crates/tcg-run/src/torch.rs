@@ -579,6 +579,11 @@ impl OwnedTensor {
         Ok(unsafe { std::slice::from_raw_parts(host.data as *const u8, host.nbytes()) }.to_vec())
     }
 
+    /// The handle, still owned by this value (for a call that borrows it).
+    pub(crate) fn handle(&self) -> TensorHandle {
+        self.handle
+    }
+
     /// Give the handle away (to a callee that steals it, as `Run` does with
     /// its inputs).
     pub(crate) fn into_handle(self) -> TensorHandle {
