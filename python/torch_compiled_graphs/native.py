@@ -461,7 +461,8 @@ class NativeGraph:
         #: them): ``open_libraries``, ``extract_package``, ``open_model``,
         #: ``create_container``, ``plan_weights``, ``allocate_weights``,
         #: ``read_weights``, ``copy_weights``, ``bind_weights``, on a GPU
-        #: ``cuda_init``, ``cuda_context``, ``cuda_runtime`` and ``staging_ring``, then
+        #: ``cuda_init``, ``cuda_context``, ``cuda_runtime``, ``staging_ring`` and
+        #: ``prime_blas`` (when the graph calls cuBLAS), then
         #: ``load_total``, and ``first_call`` once the first call returned.
         #: Extraction and the weights run beside opening the libraries, so the
         #: phases overlap; ``load_total`` is the wall time of the load.

@@ -770,7 +770,8 @@ impl Graph {
                 // cuBLAS primed on a helper thread while the container is
                 // created and the weights arrive (crate::warm).
                 let priming = match parsed {
-                    Device::Cuda(index) => crate::warm::plan(&extracted.wrapper, &rows, &torch)
+                    Device::Cuda(index) => crate::warm::plan(&extracted.wrapper, &rows)
+                        .and_then(|(bias, name)| Some((bias, torch.dtype_by_name(name)?)))
                         .map(|(bias, dtype)| {
                             let torch = Arc::clone(&torch);
                             scope.spawn(move || {

@@ -346,8 +346,8 @@ impl Served {
     /// weights pipeline and the phases of a load"): `open_libraries`,
     /// `extract_package`, `open_model`, `create_container`, `plan_weights`,
     /// `allocate_weights`, `read_weights`, `copy_weights`, `bind_weights`,
-    /// `load_total`, and on a GPU `cuda_init`, `cuda_context`, `cuda_runtime`
-    /// and `staging_ring`. Extraction and staging run beside opening the
+    /// `load_total`, and on a GPU `cuda_init`, `cuda_context`, `cuda_runtime`,
+    /// `staging_ring` and `prime_blas` (when the graph calls cuBLAS). Extraction and staging run beside opening the
     /// libraries, so the phases overlap; `load_total` is the wall time.
     pub fn timings(&self) -> &crate::pipeline::Timings {
         self.graph.load_timings()

@@ -15,9 +15,10 @@ use tcg_core::artifact::metadata::ConstantRow;
 use crate::cuda::Device;
 use crate::torch::{Dtype, OwnedTensor, Torch};
 
-/// Which cuBLAS entry point a graph calls (from its wrapper's source), and
-/// in which dtype: that of its largest matrix constant.
-pub(crate) fn plan(wrapper: &str, rows: &[ConstantRow], torch: &Torch) -> Option<(bool, Dtype)> {
+/// Which cuBLAS entry point a graph calls (from its wrapper's source:
+/// `addmm` when it calls `aoti_torch_cuda_addmm_out`, else `mm`), and in
+/// which dtype: that of its largest matrix constant, when a float one.
+pub(crate) fn plan<'r>(wrapper: &str, rows: &'r [ConstantRow]) -> Option<(bool, &'r str)> {
     let bias = wrapper.contains("aoti_torch_cuda_addmm_out(");
     if !bias && !wrapper.contains("aoti_torch_cuda_mm_out(") {
         return None;
@@ -26,10 +27,8 @@ pub(crate) fn plan(wrapper: &str, rows: &[ConstantRow], torch: &Torch) -> Option
         .iter()
         .filter(|r| r.shape.len() == 2)
         .max_by_key(|r| r.shape.iter().product::<u64>())?;
-    if !matches!(largest.dtype.as_str(), "bfloat16" | "float16" | "float32") {
-        return None;
-    }
-    Some((bias, torch.dtype_by_name(&largest.dtype)?))
+    matches!(largest.dtype.as_str(), "bfloat16" | "float16" | "float32")
+        .then_some((bias, largest.dtype.as_str()))
 }
 
 /// One `[16, 64] x [64, 64]` product (`+ bias[64]` when `bias`) of `dtype`
@@ -62,4 +61,37 @@ pub(crate) fn prime(torch: &Arc<Torch>, index: i32, bias: bool, dtype: Dtype) ->
         Ok(rc == 0)
     })();
     matches!(made, Ok(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tcg_core::artifact::metadata::ConstantSource;
+
+    fn row(fqn: &str, dtype: &str, shape: &[u64]) -> ConstantRow {
+        ConstantRow {
+            fqn: fqn.into(),
+            source: ConstantSource::StateDict,
+            dtype: dtype.into(),
+            shape: shape.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_entry_point_and_dtype_come_from_the_wrapper_and_the_largest_matrix() {
+        let rows = [
+            row("norm.weight", "float32", &[4096]),
+            row("fc.weight", "bfloat16", &[4096, 1024]),
+            row("proj.weight", "float32", &[64, 64]),
+        ];
+        let addmm =
+            "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_cuda_addmm_out(buf1, b, a, w, 1L, 1L));";
+        let mm = "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_cuda_mm_out(buf1, a, w));";
+        assert_eq!(plan(addmm, &rows), Some((true, "bfloat16")));
+        assert_eq!(plan(mm, &rows), Some((false, "bfloat16")));
+        // No cuBLAS call, no matrix, or an integer matrix: nothing to prime.
+        assert_eq!(plan("triton_poi_fused_0(...)", &rows), None);
+        assert_eq!(plan(addmm, &rows[..1]), None);
+        assert_eq!(plan(addmm, &[row("table", "int8", &[10, 10])]), None);
+    }
 }
