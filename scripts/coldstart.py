@@ -198,9 +198,10 @@ LIBRARIES = r"""
 import ctypes, json, os, sys, time
 t0 = time.perf_counter()
 lib = sys.argv[1]
+mode = {"now": os.RTLD_NOW, "lazy": os.RTLD_LAZY}[sys.argv[2] if len(sys.argv) > 2 else "now"]
 for name in ["libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so"]:
     if os.path.exists(os.path.join(lib, name)):
-        ctypes.CDLL(os.path.join(lib, name), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+        ctypes.CDLL(os.path.join(lib, name), mode=mode | os.RTLD_GLOBAL)
 print(json.dumps({"s": time.perf_counter() - t0}))
 """
 

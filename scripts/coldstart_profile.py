@@ -28,16 +28,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import coldstart
 
-OPEN = r"""
-import ctypes, json, os, sys, time
-lib, mode = sys.argv[1], {"now": os.RTLD_NOW, "lazy": os.RTLD_LAZY}[sys.argv[2]]
-t = time.perf_counter()
-for name in ["libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so"]:
-    if os.path.exists(os.path.join(lib, name)):
-        ctypes.CDLL(os.path.join(lib, name), mode=mode | os.RTLD_GLOBAL)
-print(json.dumps({"s": time.perf_counter() - t}))
-"""
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,7 +79,7 @@ def main() -> None:
     opened: dict[str, list[float]] = {"now": [], "lazy": []}
     for _ in range(args.runs):
         for mode in opened:
-            opened[mode].append(float(coldstart.child(OPEN, torch_lib, mode)["s"]))  # type: ignore[arg-type]
+            opened[mode].append(float(coldstart.child(coldstart.LIBRARIES, torch_lib, mode)["s"]))  # type: ignore[arg-type]
     report["open_libraries"] = {m: {"median": statistics.median(v), "runs": v} for m, v in opened.items()}
     save()
     # Variants of the native way, by environment, interleaved.
