@@ -334,6 +334,16 @@ def child(code: str, *args: object, env: dict[str, str] | None = None, timeout: 
     return result
 
 
+def torch_lib_dir() -> str:
+    """The libtorch directory the native path finds (in a child: the installed wheel's view)."""
+    return str(
+        child(
+            "import json; from torch_compiled_graphs.native import find_torch_lib; "
+            "print(json.dumps({'lib': find_torch_lib()}))"
+        )["lib"]
+    )
+
+
 def reader_threads() -> int:
     """The pipeline's default (min(8, cpus)), for a floor read with as many threads."""
     return min(8, os.cpu_count() or 1)
@@ -383,7 +393,7 @@ def measure(
         ways["floor_context"] = lambda: child(CTX)
     ways["libraries"] = lambda: child(LIBRARIES, torch_lib)
     if args.serve_bin:
-        ways["rust"] = lambda: rust(args.serve_bin, work, key, args.device, str(torch_lib))
+        ways["rust"] = lambda: rust(args.serve_bin, work, key, args.device, torch_lib)
     ways["torch_load"] = lambda: child(TORCH_LOAD, work, key, args.device, 0)
     samples: dict[str, list[dict[str, object]]] = {name: [] for name in ways}
     entry: dict[str, object] = {"bytes": nbytes, "samples": samples}
@@ -483,15 +493,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         minted[size] = json.loads(out.strip().splitlines()[-1])
     report["minted"] = minted
     save()
-    torch_lib = str(
-        child(
-            "import json; from torch_compiled_graphs.native import find_torch_lib; "
-            "print(json.dumps({'lib': find_torch_lib()}))"
-        )["lib"]
-    )
-
+    torch_lib = torch_lib_dir()
     for size in sizes:
-        measure(args, size, sizes, works, minted, str(torch_lib), report, save)
+        measure(args, size, sizes, works, minted, torch_lib, report, save)
     # A truncated checkpoint through both loads, in a fresh process: a typed refusal.
     try:
         report["refusals"] = child(REFUSALS, works[sizes[0]], minted[sizes[0]]["key"], args.device)

@@ -48,12 +48,7 @@ def main() -> None:
     def save() -> None:
         (args.out / "profile.json").write_text(json.dumps(report, indent=1))
 
-    torch_lib = str(
-        coldstart.child(
-            "import json; from torch_compiled_graphs.native import find_torch_lib; "
-            "print(json.dumps({'lib': find_torch_lib()}))"
-        )["lib"]
-    )
+    torch_lib = coldstart.torch_lib_dir()
     native = [sys.executable, "-c", coldstart.NATIVE, str(args.work), args.key, args.device, "0"]
     if args.py_spy:
         runs = []

@@ -491,44 +491,33 @@ pub fn stage(
         .collect();
     timings.push(("plan_weights", started.elapsed().as_secs_f64()));
 
-    let memory = match device {
-        Device::Cpu => {
-            let t = Instant::now();
+    let target = target_of(device, &mut timings)?;
+    if let (Target::Device(context), Some(want)) =
+        (target, tcg_core::artifact::package::cubin::sm_number(sm))
+    {
+        check_capability(device, sm, want, context.capability()?)?;
+    }
+    let t = Instant::now();
+    let memory = match target {
+        Target::Host => {
             check_capacity(total as u64, host_available(), "the host")?;
-            let memory = HostMemory::new(total)?;
-            timings.push(("allocate_weights", t.elapsed().as_secs_f64()));
-            read_pieces(
-                Target::Host,
-                &sources,
-                &pieces,
-                memory.ptr(),
-                readers,
-                &mut timings,
-            )?;
-            Memory::Host(memory)
+            Memory::Host(HostMemory::new(total)?)
         }
-        Device::Cuda(index) => {
-            let context = cuda_context(index, &mut timings)?;
-            if let Some(want) = tcg_core::artifact::package::cubin::sm_number(sm) {
-                check_capability(device, sm, want, context.capability()?)?;
-            }
-            let t = Instant::now();
+        Target::Device(context) => {
             let (free, _) = context.memory()?;
             check_capacity(total as u64, Some(free as u64), &device.to_string())?;
-            let memory = DeviceMemory::new(context, total)?;
-            timings.push(("allocate_weights", t.elapsed().as_secs_f64()));
-            let target = Target::Device(context);
-            read_pieces(
-                target,
-                &sources,
-                &pieces,
-                memory.ptr(),
-                readers,
-                &mut timings,
-            )?;
-            Memory::Device(memory)
+            Memory::Device(DeviceMemory::new(context, total)?)
         }
     };
+    timings.push(("allocate_weights", t.elapsed().as_secs_f64()));
+    read_pieces(
+        target,
+        &sources,
+        &pieces,
+        memory.ptr(),
+        readers,
+        &mut timings,
+    )?;
     Ok(Staged {
         memory,
         placed,
@@ -565,10 +554,7 @@ pub unsafe fn read_to(
     let sources: Vec<&Source> = checkpoint.sources().iter().collect();
     let mut timings: Timings = Vec::new();
     let readers = Readers::spawn(reader_threads())?;
-    let target = match device {
-        Device::Cpu => Target::Host,
-        Device::Cuda(index) => Target::Device(cuda_context(index, &mut timings)?),
-    };
+    let target = target_of(device, &mut timings)?;
     read_pieces(target, &sources, &pieces, base, &readers, &mut timings)?;
     Ok((offsets, timings))
 }
@@ -582,12 +568,16 @@ enum Target {
     Device(Context),
 }
 
-/// The primary context of CUDA device `index`, its creation timed (`cuda_context`).
-fn cuda_context(index: i32, timings: &mut Timings) -> Result<Context> {
+/// Where a read for `device` goes: the host, or the primary context of the
+/// CUDA device, its creation timed (`cuda_context`).
+fn target_of(device: Device, timings: &mut Timings) -> Result<Target> {
+    let Device::Cuda(index) = device else {
+        return Ok(Target::Host);
+    };
     let t = Instant::now();
     let context = Driver::get()?.context(index)?;
     timings.push(("cuda_context", t.elapsed().as_secs_f64()));
-    Ok(context)
+    Ok(Target::Device(context))
 }
 
 /// Read `pieces` to `base` on `target` (`read_weights`, `copy_weights`), then
