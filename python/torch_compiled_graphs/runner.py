@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,33 +31,53 @@ __all__ = ["LoadedGraph", "load"]
 
 
 def _read_checkpoint(
-    weights: object, naming: tuple[str, str], device: Any, plan_names: Any
-) -> tuple[dict[str, Any], int, dict[str, float]]:
+    weights: object,
+    naming: tuple[str, str],
+    device: Any,
+    plan_of: Callable[[list[str]], Mapping[str, Any]],
+    rows: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, Any], int, dict[str, float], Mapping[str, Any]]:
     """The tensors of a checkpoint on disk that the graph binds, read by the
     weights pipeline into one allocation on ``device`` (several threads, and on
-    a GPU a pinned ring copied on a copy stream), as views of it by graph name.
-    ``plan_names`` maps the checkpoint's names to those to read."""
+    a GPU a pinned ring copied on a copy stream), as views of it by graph name;
+    with the binding plan ``plan_of`` made from the checkpoint's names.
+
+    As on the native path, every check the headers allow comes first (each
+    bound tensor's dtype and shape against its row, tied aliases' dtypes and
+    shapes), then the capacity check, and only then is memory allocated and
+    anything read: tied aliases are compared in bounded chunks, and only the
+    names the plan binds are read."""
     import torch
 
     from .native import _weight_paths
 
     reader = _native.CheckpointReader(_weight_paths(weights), *naming)
-    entries = {name: (dtype, shape) for name, dtype, shape in reader.entries}
-    wanted = plan_names(list(entries))
+    entries = {name: (dtype, list(shape)) for name, dtype, shape in reader.entries}
+    plan = plan_of(list(entries))
     dtypes = {}
-    for name in wanted:
-        dtype = getattr(torch, entries[name][0], None)
-        if not isinstance(dtype, torch.dtype):
-            raise BindingError(f"{name!r} has a dtype ({entries[name][0]}) torch cannot hold", "run.weights_invalid")
-        dtypes[name] = dtype
+    for fqn, name in plan["bind"]:
+        dtype, shape = entries[name]
+        _check_row(repr(fqn) if fqn == name else f"{fqn!r} (bound from its alias {name!r})", dtype, shape, rows[fqn])
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise BindingError(f"{name!r} has a dtype ({dtype}) torch cannot hold", "run.weights_invalid")
+        dtypes[name] = torch_dtype
+    for bound_name, other in plan["duplicates"]:
+        if entries[bound_name] != entries[other]:
+            raise _tied_mismatch(bound_name, other)
+    wanted = sorted(dtypes)
     total = reader.layout_bytes(wanted)
+    index = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
+    reader.check_capacity(total, index)
     try:
         buffer = torch.empty(total, dtype=torch.uint8, device=device)
-    except torch.OutOfMemoryError as exc:
+    except (torch.OutOfMemoryError, RuntimeError) as exc:  # a CPU allocator's failure is a RuntimeError
         raise BindingError(
             f"the weights need {total} bytes on {device}, which cannot hold them: {exc}", "run.weights_too_large"
         ) from exc
-    index = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
+    for bound_name, other in plan["duplicates"]:
+        if not reader.same_values(bound_name, other):
+            raise _tied_mismatch(bound_name, other)
     offsets, timings = reader.read_into(wanted, buffer.data_ptr(), total, index)
     named: dict[str, Any] = {}
     for name, offset in offsets:
@@ -66,7 +86,46 @@ def _read_checkpoint(
         for d in shape:
             nbytes *= d
         named[name] = buffer[offset : offset + nbytes].view(dtype).view(shape)
-    return named, reader.outside_prefix, dict(timings)
+    return named, reader.outside_prefix, dict(timings), plan
+
+
+def _check_row(shown: str, dtype: str, shape: list[int], row: Mapping[str, Any]) -> None:
+    """A constant's dtype and shape (``shown`` names it) against its row of the table."""
+    if dtype != row["dtype"] or shape != list(row["shape"]):
+        raise BindingError(
+            f"constant {shown} is {dtype}{shape}, the graph was compiled for {row['dtype']}{list(row['shape'])}",
+            "run.constant_mismatch",
+        )
+
+
+def _tied_mismatch(bound_name: str, other: str) -> BindingError:
+    return BindingError(
+        f"{bound_name!r} and {other!r} share storage in the exported program, "
+        "but the weights hold different values for them",
+        "run.constant_mismatch",
+    )
+
+
+def _check_tied(duplicates: Any, named: Mapping[str, Any]) -> None:
+    """Two tensors given for one tied group must hold the same value: the same dtype,
+    shape and device and equal elements. An address is not a value: ``W`` and ``W.t()``
+    (or any other view of W's memory) start at the same address and differ."""
+    import torch
+
+    for bound_name, other in duplicates:
+        a, b = named[bound_name], named[other]
+        same = a is b or (
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.device == b.device
+            and (
+                # The same elements at the same addresses: one view, no need to compare.
+                (a.data_ptr() == b.data_ptr() and a.stride() == b.stride())
+                or bool(torch.equal(a, b))
+            )
+        )
+        if not same:
+            raise _tied_mismatch(bound_name, other)
 
 
 def _device(stored: StoredCompiledGraph, device: object) -> Any:
@@ -137,13 +196,7 @@ def _renamed(named: dict[str, Any], strip_prefix: str, add_prefix: str) -> tuple
 
 
 def _check(name: str, tensor: Any, row: Mapping[str, Any], device: Any) -> Any:
-    dtype = str(tensor.dtype).removeprefix("torch.")
-    shape = [int(d) for d in tensor.shape]
-    if dtype != row["dtype"] or shape != list(row["shape"]):
-        raise BindingError(
-            f"constant {name!r} is {dtype}{shape}, the graph was compiled for {row['dtype']}{list(row['shape'])}",
-            "run.constant_mismatch",
-        )
+    _check_row(repr(name), str(tensor.dtype).removeprefix("torch."), [int(d) for d in tensor.shape], row)
     if tensor.device != device:
         raise BindingError(
             f"constant {name!r} is on {tensor.device}, the graph runs on {device}", "run.device_mismatch"
@@ -313,40 +366,23 @@ class LoadedGraph:
 
     def rebind(self, weights: object) -> None:
         """Bind new weights (after an out-of-place change), with the same checks as loading."""
-        import torch
-
         package, metadata = os.fspath(self._stored.package_path), self._stored.metadata
         timings: dict[str, float] = {}
         from_files = isinstance(weights, (str, os.PathLike, list, tuple))
         if from_files:
-            # Read by the weights pipeline straight into one allocation: only
-            # the names the plan binds (and aliases to compare).
-            planned: dict[str, Any] = {}
-
-            def plan_names(names: list[str]) -> list[str]:
-                p = planned["plan"] = _native.package_plan_binding(package, metadata, names)
-                wanted = {name for _, name in p["bind"]} | {n for pair in p["duplicates"] for n in pair}
-                return sorted(wanted)
-
-            named, outside, timings = _read_checkpoint(weights, self._naming, self.device, plan_names)
-            plan = planned["plan"]
+            # Checked from the headers, then read by the weights pipeline
+            # straight into one allocation: only the names the plan binds.
+            named, outside, timings, plan = _read_checkpoint(
+                weights,
+                self._naming,
+                self.device,
+                lambda names: _native.package_plan_binding(package, metadata, names),
+                self._rows,
+            )
         else:
             named, outside = _renamed(_weights(weights, self.device), *self._naming)
             plan = _native.package_plan_binding(package, metadata, list(named))
-        for bound_name, other in plan["duplicates"]:
-            a, b = named[bound_name], named[other]
-            same = a is b or (
-                a.dtype == b.dtype
-                and a.shape == b.shape
-                and a.device == b.device
-                and (a.data_ptr() == b.data_ptr() or bool(torch.equal(a, b)))
-            )
-            if not same:
-                raise BindingError(
-                    f"{bound_name!r} and {other!r} share storage in the exported program, "
-                    "but the weights hold different values for them",
-                    "run.constant_mismatch",
-                )
+            _check_tied(plan["duplicates"], named)
         bound = {fqn: _check(fqn, named[name], self._rows[fqn], self.device) for fqn, name in plan["bind"]}
         bound.update(self._literals)
         # Folded ("computed") constants are recomputed by the package from what is bound.

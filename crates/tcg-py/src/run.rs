@@ -550,6 +550,27 @@ impl CheckpointReader {
             .py()
     }
 
+    /// Refuse `total` bytes of weights where `device` (`cpu`, `cuda:N`) has
+    /// less free memory (`run.weights_too_large`): the capacity check of the
+    /// native path, made before the caller allocates.
+    fn check_capacity(&self, py: Python<'_>, total: usize, device: String) -> PyResult<()> {
+        py.detach(move || tcg_run::pipeline::check_fits(total, Device::parse(&device)?))
+            .py()
+    }
+
+    /// Whether the tensors `a` and `b` hold the same bytes, compared in
+    /// bounded chunks (aliases of one tied weight).
+    fn same_values(&self, py: Python<'_>, a: String, b: String) -> PyResult<bool> {
+        let checkpoint = Arc::clone(&self.inner);
+        py.detach(move || checkpoint.same_values(&a, &b)).py()
+    }
+
+    /// Bytes of tensor data read so far (headers not counted).
+    #[getter]
+    fn bytes_read(&self) -> u64 {
+        self.inner.bytes_read()
+    }
+
     /// Read `names` into the `capacity` bytes at `address` on `device`
     /// (`cpu`, `cuda:N`): memory the caller allocated and holds during the
     /// call. Returns each name's offset and the timings.

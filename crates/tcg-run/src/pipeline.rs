@@ -351,13 +351,27 @@ pub struct Piece {
     pub dst: usize,
 }
 
-/// The host memory Linux says can be allocated without swapping
-/// (`MemAvailable`), when it says.
+/// The host memory this process can still allocate, when known: the
+/// smaller of what Linux says can be allocated without swapping
+/// (`MemAvailable`, the node's) and what the process's memory cgroup leaves
+/// ([`crate::cgroup`]: in a container, a Kubernetes pod, the node's figure
+/// is not the process's).
 fn host_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    crate::cgroup::available(Path::new("/"))
+}
+
+/// Refuse `total` bytes of weights on `device` where its free memory (on
+/// the host, [`host_available`]; on a GPU, the driver's `cuMemGetInfo`) is
+/// less: the check `stage` makes, for a caller that allocates the memory
+/// itself (the torch-based load reads into a `torch.empty` buffer).
+pub fn check_fits(total: usize, device: Device) -> Result<()> {
+    match device {
+        Device::Cpu => check_capacity(total as u64, host_available(), "the host"),
+        Device::Cuda(index) => {
+            let (free, _) = Driver::get()?.context(index)?.memory()?;
+            check_capacity(total as u64, Some(free as u64), &device.to_string())
+        }
+    }
 }
 
 /// Refuse `need` bytes where `available` (when known) is less.
@@ -370,6 +384,44 @@ pub fn check_capacity(need: u64, available: Option<u64>, place: &str) -> Result<
         ))),
         _ => Ok(()),
     }
+}
+
+fn alias_mismatch(bound: &str, other: &str) -> Error {
+    Error::new(
+        Code::RunConstantMismatch,
+        format!(
+            "{bound:?} and {other:?} share storage in the exported program, but the weights hold different values for them"
+        ),
+    )
+}
+
+/// The aliases of `duplicates` (pairs of names of one alias group that the
+/// weights both hold) must have one dtype and shape: checked from the
+/// headers, before anything is read.
+pub fn check_alias_headers(checkpoint: &Checkpoint, duplicates: &[(String, String)]) -> Result<()> {
+    for (bound, other) in duplicates {
+        let (Some((_, a)), Some((_, b))) = (checkpoint.entry(bound), checkpoint.entry(other)) else {
+            return Err(Error::new(
+                Code::RunConstantMissing,
+                format!("the weights lack {bound:?} or {other:?}"),
+            ));
+        };
+        if a.dtype != b.dtype || a.shape != b.shape {
+            return Err(alias_mismatch(bound, other));
+        }
+    }
+    Ok(())
+}
+
+/// The aliases of `duplicates` must hold the same bytes: compared in bounded
+/// chunks ([`Checkpoint::same_values`]), after the header and capacity checks.
+pub fn check_alias_values(checkpoint: &Checkpoint, duplicates: &[(String, String)]) -> Result<()> {
+    for (bound, other) in duplicates {
+        if !checkpoint.same_values(bound, other)? {
+            return Err(alias_mismatch(bound, other));
+        }
+    }
+    Ok(())
 }
 
 /// Check every constant of `rows` against the checkpoint (and the literal
@@ -388,21 +440,9 @@ pub fn stage(
     let started = Instant::now();
     let mut timings: Timings = Vec::new();
     let plan = contract.plan(checkpoint.names())?;
-    for (bound, other) in &plan.duplicates {
-        let (_, a) = checkpoint.entry(bound).expect("planned from these names");
-        let (_, b) = checkpoint.entry(other).expect("planned from these names");
-        let same = a.dtype == b.dtype
-            && a.shape == b.shape
-            && checkpoint.read(bound)? == checkpoint.read(other)?;
-        if !same {
-            return Err(Error::new(
-                Code::RunConstantMismatch,
-                format!(
-                    "{bound:?} and {other:?} share storage in the exported program, but the weights hold different values for them"
-                ),
-            ));
-        }
-    }
+    // Aliases: their dtypes and shapes now, from the headers; their values
+    // only after every other check and the capacity check (below).
+    check_alias_headers(checkpoint, &plan.duplicates)?;
     let source_of: BTreeMap<&str, &str> = plan
         .bind
         .iter()
@@ -510,6 +550,7 @@ pub fn stage(
         }
     };
     timings.push(("allocate_weights", t.elapsed().as_secs_f64()));
+    check_alias_values(checkpoint, &plan.duplicates)?;
     read_pieces(
         target,
         &sources,
@@ -648,8 +689,10 @@ fn lay_out<'n, 'e, N: ?Sized>(
     let mut total = 0usize;
     for (name, source, entry) in wanted {
         let dst = total;
-        total = total
-            .checked_add(entry.len.div_ceil(ALIGN) * ALIGN)
+        total = entry
+            .len
+            .checked_next_multiple_of(ALIGN)
+            .and_then(|padded| total.checked_add(padded))
             .ok_or_else(|| too_large("the weights do not fit in an address space".into()))?;
         if entry.len > 0 {
             pieces.push(Piece {

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use safetensors::tensor::{Metadata, TensorInfo};
 use tcg_core::artifact::literals::dtype_by_code;
@@ -62,6 +63,8 @@ pub struct Source {
     file: File,
     stamp: Stamp,
     code: Code,
+    /// Bytes of tensor data read so far (the header is not counted).
+    read: AtomicU64,
 }
 
 impl std::fmt::Debug for Source {
@@ -70,18 +73,178 @@ impl std::fmt::Debug for Source {
     }
 }
 
+/// Open `path` for reading only if it is a regular file (after symlinks):
+/// the descriptor is opened with `O_NONBLOCK`, so a FIFO or a device opens
+/// at once instead of waiting for a writer, and the *opened descriptor* is
+/// checked with `fstat` (no window between a check of the path and the open).
+/// Symlinks are followed on purpose: the Hugging Face cache links every file
+/// of a snapshot to a blob. Returns the file (blocking again) and its metadata.
+pub fn open_regular(path: &Path, code: Code) -> Result<(File, std::fs::Metadata)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let err = |what: String| Error::new(code, format!("{}: {what}", path.display()));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| err(format!("cannot open: {e}")))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| err(format!("cannot stat: {e}")))?;
+    if !meta.is_file() {
+        return Err(err(format!(
+            "is not a regular file ({}); weights are read from regular files only",
+            kind_of(&meta)
+        )));
+    }
+    // Reads of a regular file never wait on O_NONBLOCK, but the flag is
+    // cleared so that the descriptor behaves as an ordinary one.
+    // SAFETY: fcntl on a descriptor this function owns.
+    unsafe {
+        let fd = file.as_raw_fd();
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    Ok((file, meta))
+}
+
+fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a plain file"
+    }
+}
+
+/// The tensors a safetensors header declares, checked against the size of
+/// the file that holds it: `header` is the JSON (the `n` bytes after the
+/// 8-byte length) and `file_size` the whole file's. The data section must
+/// hold exactly the bytes the header declares. Every size and offset comes
+/// from untrusted bytes, so all arithmetic on them is checked: a header
+/// whose offsets end near 2^64 is a refusal, never an overflow. Errors are
+/// messages for the caller to put a path in front of.
+pub fn header_entries(
+    header: &[u8],
+    file_size: u64,
+) -> std::result::Result<BTreeMap<String, Entry>, String> {
+    let n = header.len() as u64;
+    if n > MAX_HEADER_BYTES {
+        return Err(format!(
+            "is not a valid safetensors file: its header claims {n} bytes, more than the {MAX_HEADER_BYTES} allowed"
+        ));
+    }
+    let data_start = 8 + n;
+    if data_start > file_size {
+        return Err(format!(
+            "is truncated: its header claims {n} bytes, the file holds {file_size} in all"
+        ));
+    }
+    let held = file_size - data_start;
+    let parsed =
+        parse_header(header).map_err(|e| format!("is not a valid safetensors file: {e}"))?;
+    let data_len = u64::try_from(parsed.data_len()).unwrap_or(u64::MAX);
+    if data_len != held {
+        return Err(if data_len > held {
+            format!(
+                "is truncated: its header declares {data_len} bytes of tensors, the file holds {held}"
+            )
+        } else {
+            format!(
+                "holds {} bytes after the tensors its header declares (not a safetensors file as written)",
+                held - data_len
+            )
+        });
+    }
+    let mut out = BTreeMap::new();
+    for (name, info) in parsed.tensors() {
+        let st_code = info.dtype.to_string();
+        let dtype = match dtype_by_code(&st_code) {
+            Some((name, _)) => name.to_owned(),
+            None => st_code.to_lowercase(),
+        };
+        // A dimension must be an int64 for libtorch (with a zero dimension
+        // elsewhere, the byte size cannot tell).
+        if info.shape.iter().any(|&d| i64::try_from(d).is_err()) {
+            return Err(format!(
+                "tensor {name:?} has shape {:?}, beyond int64",
+                info.shape
+            ));
+        }
+        let (start, end) = info.data_offsets;
+        // The crate checked that the ranges tile `0..data_len` and that each
+        // length is its shape's; checked again here, so that no header can
+        // make an offset wrap whatever the crate's version does.
+        let range = u64::try_from(start)
+            .ok()
+            .zip(u64::try_from(end).ok())
+            .filter(|(s, e)| s <= e && *e <= data_len)
+            .and_then(|(s, e)| Some((data_start.checked_add(s)?, usize::try_from(e - s).ok()?)));
+        let Some((offset, len)) = range else {
+            return Err(format!(
+                "tensor {name:?} has data offsets {:?} outside the {data_len} bytes of tensors",
+                info.data_offsets
+            ));
+        };
+        out.insert(
+            name,
+            Entry {
+                dtype,
+                shape: info.shape.clone(),
+                offset,
+                len,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// A whole safetensors file image (its 8-byte header length, header and
+/// tensors, `file_size` bytes in all, of which `bytes` are the start) parsed
+/// as [`Source::open`] parses a file: for tests and the `safetensors_header`
+/// fuzz target, which cannot make files of every size.
+pub fn image_entries(
+    bytes: &[u8],
+    file_size: u64,
+) -> std::result::Result<BTreeMap<String, Entry>, String> {
+    let Some(len) = bytes.get(..8) else {
+        return Err(format!(
+            "is not a valid safetensors file: {file_size} bytes, too short for a header"
+        ));
+    };
+    let n = u64::from_le_bytes(len.try_into().expect("8 bytes"));
+    if n > MAX_HEADER_BYTES {
+        return Err(format!(
+            "is not a valid safetensors file: its header claims {n} bytes, more than the {MAX_HEADER_BYTES} allowed"
+        ));
+    }
+    let header = usize::try_from(n)
+        .ok()
+        .and_then(|n| bytes.get(8..8 + n))
+        .ok_or_else(|| {
+            format!("is truncated: its header claims {n} bytes, the file holds {file_size} in all")
+        })?;
+    header_entries(header, file_size)
+}
+
 impl Source {
-    /// Open `path` and parse its header; every refusal is an error of `code`.
-    /// Returns the file and its tensors by name.
+    /// Open `path` (a regular file: see [`open_regular`]) and parse its
+    /// header; every refusal is an error of `code`. Nothing past the header
+    /// is read. Returns the file and its tensors by name.
     pub fn open(path: &Path, code: Code) -> Result<(Source, BTreeMap<String, Entry>)> {
         let err = |what: String| Error::new(code, format!("{}: {what}", path.display()));
-        let file = File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| err(format!("cannot stat: {e}")))?;
-        if !meta.is_file() {
-            return Err(err("is not a regular file".into()));
-        }
+        let (file, meta) = open_regular(path, code)?;
         let size = meta.len();
         let mut n = [0u8; 8];
         file.read_exact_at(&mut n, 0).map_err(|_| {
@@ -103,56 +266,14 @@ impl Source {
         let mut header = vec![0u8; n as usize];
         file.read_exact_at(&mut header, 8)
             .map_err(|e| err(format!("cannot read the header: {e}")))?;
-        let parsed = parse_header(&header)
-            .map_err(|e| err(format!("is not a valid safetensors file: {e}")))?;
-        let data_start = 8 + n;
-        let data_len = parsed.data_len() as u64;
-        if data_start + data_len != size {
-            return Err(err(if data_start + data_len > size {
-                format!(
-                    "is truncated: its header declares {} bytes of tensors, the file holds {}",
-                    data_len,
-                    size - data_start
-                )
-            } else {
-                format!(
-                    "holds {} bytes after the tensors its header declares (not a safetensors file as written)",
-                    size - data_start - data_len
-                )
-            }));
-        }
-        let mut out = BTreeMap::new();
-        for (name, info) in parsed.tensors() {
-            let st_code = info.dtype.to_string();
-            let dtype = match dtype_by_code(&st_code) {
-                Some((name, _)) => name.to_owned(),
-                None => st_code.to_lowercase(),
-            };
-            // A dimension must be an int64 for libtorch (with a zero dimension
-            // elsewhere, the byte size cannot tell).
-            if info.shape.iter().any(|&d| i64::try_from(d).is_err()) {
-                return Err(err(format!(
-                    "tensor {name:?} has shape {:?}, beyond int64",
-                    info.shape
-                )));
-            }
-            let (start, end) = info.data_offsets;
-            out.insert(
-                name,
-                Entry {
-                    dtype,
-                    shape: info.shape.clone(),
-                    offset: data_start + start as u64,
-                    len: end - start,
-                },
-            );
-        }
+        let out = header_entries(&header, size).map_err(err)?;
         Ok((
             Source {
                 path: path.to_owned(),
                 file,
                 stamp: stamp(&meta),
                 code,
+                read: AtomicU64::new(0),
             },
             out,
         ))
@@ -165,6 +286,7 @@ impl Source {
 
     /// Fill `buf` from `offset`; a short read (the file shrank) is an error.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        self.read.fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.file.read_exact_at(buf, offset).map_err(|e| {
             Error::new(
                 self.code,
@@ -175,6 +297,11 @@ impl Source {
                 ),
             )
         })
+    }
+
+    /// Bytes of tensor data read from this file so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
     }
 
     /// Refuse a file whose size, inode or modification time differ from
@@ -252,6 +379,9 @@ pub struct Naming {
     /// Put in front of every name after stripping.
     pub add_prefix: String,
 }
+
+/// The most bytes of each alias [`Checkpoint::same_values`] holds at once.
+pub const COMPARE_CHUNK: usize = 1 << 20;
 
 /// The most bytes a sharded checkpoint's index (`*.safetensors.index.json`) may hold.
 pub const MAX_INDEX_BYTES: u64 = 64 << 20;
@@ -331,6 +461,9 @@ pub fn checkpoint_files(path: &Path) -> Result<Vec<(PathBuf, Option<BTreeSet<Str
     if !is_index {
         return Ok(vec![(path.to_owned(), None)]);
     }
+    // The index is opened as the files are (a FIFO would block a plain read
+    // forever), and bounded by what is read, not by a size seen earlier.
+    let (file, meta) = open_regular(path, Code::RunWeightsInvalid)?;
     if meta.len() > MAX_INDEX_BYTES {
         return Err(weights_err(format_args!(
             "{} is {} bytes, more than the {MAX_INDEX_BYTES} an index may hold",
@@ -338,8 +471,18 @@ pub fn checkpoint_files(path: &Path) -> Result<Vec<(PathBuf, Option<BTreeSet<Str
             meta.len()
         )));
     }
-    let bytes = std::fs::read(path)
-        .map_err(|e| weights_err(format_args!("cannot read {}: {e}", path.display())))?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(&file, MAX_INDEX_BYTES + 1),
+        &mut bytes,
+    )
+    .map_err(|e| weights_err(format_args!("cannot read {}: {e}", path.display())))?;
+    if bytes.len() as u64 > MAX_INDEX_BYTES {
+        return Err(weights_err(format_args!(
+            "{} grew past the {MAX_INDEX_BYTES} bytes an index may hold while it was read",
+            path.display()
+        )));
+    }
     let value = tcg_cj::parse_strict(&bytes)
         .map_err(|e| weights_err(format_args!("{} is not valid JSON: {e}", path.display())))?;
     let map = value
@@ -452,12 +595,45 @@ impl Checkpoint {
         &self.files
     }
 
-    /// The bytes of one tensor, read now (for comparing aliases).
-    pub fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        match self.names.get(name) {
-            Some((i, e)) => self.files[*i].read_entry(e).map(Some),
-            None => Ok(None),
+    /// Whether the tensors `a` and `b` (graph names) hold the same bytes,
+    /// compared in chunks of at most [`COMPARE_CHUNK`] bytes each, so that
+    /// comparing two aliases of a large tensor holds two chunks in memory,
+    /// never the two tensors; the first difference ends the comparison.
+    /// Tensors of different lengths differ without a read. A name the
+    /// checkpoint lacks is `run.constant_missing`.
+    pub fn same_values(&self, a: &str, b: &str) -> Result<bool> {
+        let get = |name: &str| {
+            self.names.get(name).ok_or_else(|| {
+                Error::new(
+                    Code::RunConstantMissing,
+                    format!("the weights lack {name:?}"),
+                )
+            })
+        };
+        let ((fa, ea), (fb, eb)) = (get(a)?, get(b)?);
+        if ea.len != eb.len {
+            return Ok(false);
         }
+        let chunk = COMPARE_CHUNK.min(ea.len);
+        let mut left = vec![0u8; chunk];
+        let mut right = vec![0u8; chunk];
+        let mut at = 0usize;
+        while at < ea.len {
+            let n = chunk.min(ea.len - at);
+            self.files[*fa].read_at(&mut left[..n], ea.offset + at as u64)?;
+            self.files[*fb].read_at(&mut right[..n], eb.offset + at as u64)?;
+            if left[..n] != right[..n] {
+                return Ok(false);
+            }
+            at += n;
+        }
+        Ok(true)
+    }
+
+    /// Bytes of tensor data read from every file so far (headers are not
+    /// counted): what the tests use to show that a refusal read nothing.
+    pub fn bytes_read(&self) -> u64 {
+        self.files.iter().map(Source::bytes_read).sum()
     }
 
     /// The file a tensor was read from.
