@@ -23,8 +23,14 @@
 //! the graph's flat input and output order). Prints one JSON line: the time to
 //! first inference (resolve, load, bind, first call, output on the host), the
 //! median latency of `--repeat` further calls (each waits for the device), and
-//! the largest error against `--out`. Exits 1 when an output differs beyond
-//! the tolerance, 2 on a usage error or a refusal.
+//! the largest error against `--out`, and how many outputs were compared
+//! (`checked`: exactly the `--out` given; more than the graph has outputs is
+//! a usage error). Exits 1 when an output differs beyond the tolerance, 2 on
+//! a usage error or a refusal.
+//!
+//! Bounds: `--repeat` at most 1000000 (one latency of 8 bytes is kept per
+//! call); `--rtol` and `--atol` finite and not negative; `--io` a regular
+//! file, as the weights are.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -32,6 +38,14 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use tcg_run::{OwnedTensor, Served};
+
+/// The most calls `--repeat` may ask for.
+const MAX_REPEAT: usize = 1_000_000;
+
+const USAGE: &str = "usage: serve --store STORE --key KEY --dest DIR --torch-lib DIR \
+--weights PATH [--weights PATH ...] --io FILE --in NAME [--in NAME ...] [--out NAME ...] \
+[--device cpu|cuda:N] [--repeat N (0..=1000000)] [--rtol X] [--atol X] (finite, >= 0) \
+[--strip-prefix P] [--add-prefix P] [--verbose]";
 
 #[derive(Default)]
 struct Args {
@@ -73,11 +87,21 @@ fn parse() -> Result<Args, String> {
             "--in" => a.inputs.push(value()?),
             "--out" => a.outputs.push(value()?),
             "--device" => a.device = value()?,
-            "--repeat" => a.repeat = value()?.parse().map_err(|e| format!("--repeat: {e}"))?,
-            "--rtol" => a.rtol = value()?.parse().map_err(|e| format!("--rtol: {e}"))?,
-            "--atol" => a.atol = value()?.parse().map_err(|e| format!("--atol: {e}"))?,
+            "--repeat" => {
+                let v = value()?;
+                a.repeat = v
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|&n| n <= MAX_REPEAT)
+                    .ok_or(format!(
+                        "--repeat {v:?}: a whole number of calls from 0 to {MAX_REPEAT}"
+                    ))?;
+            }
+            "--rtol" => a.rtol = tolerance("--rtol", &value()?)?,
+            "--atol" => a.atol = tolerance("--atol", &value()?)?,
             "--verbose" => a.verbose = true,
-            other => return Err(format!("unknown argument {other}")),
+            other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
     }
     if a.key.is_empty()
@@ -88,9 +112,18 @@ fn parse() -> Result<Args, String> {
         || a.weights.is_empty()
         || a.io.as_os_str().is_empty()
     {
-        return Err("--store, --key, --dest, --torch-lib, --weights, --io and at least one --in are required".into());
+        return Err(format!("--store, --key, --dest, --torch-lib, --weights, --io and at least one --in are required\n{USAGE}"));
     }
     Ok(a)
+}
+
+/// A tolerance: a finite number, not negative (NaN would fail every
+/// comparison, infinity pass every one).
+fn tolerance(flag: &str, v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .ok_or(format!("{flag} {v:?}: a finite number, at least 0"))
 }
 
 /// A tensor's elements as f64, for comparison (float and bfloat16 outputs).
@@ -116,28 +149,15 @@ fn values(dtype: &str, bytes: &[u8]) -> Option<Vec<f64>> {
     })
 }
 
-fn dtype_name(d: safetensors::Dtype) -> &'static str {
-    use safetensors::Dtype::*;
-    match d {
-        F32 => "float32",
-        F64 => "float64",
-        F16 => "float16",
-        BF16 => "bfloat16",
-        I64 => "int64",
-        I32 => "int32",
-        I16 => "int16",
-        I8 => "int8",
-        U8 => "uint8",
-        BOOL => "bool",
-        _ => "unsupported",
-    }
-}
-
 fn main() -> ExitCode {
     // Lazy module loading unless the environment says otherwise, set while
     // this process has one thread (docs/run.md, "CUDA_MODULE_LOADING").
     if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
         std::env::set_var("CUDA_MODULE_LOADING", "LAZY");
+    }
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
     }
     let args = match parse() {
         Ok(a) => a,
@@ -157,23 +177,28 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(args: &Args) -> tcg_core::Result<bool> {
-    let io_bytes = std::fs::read(&args.io)
-        .map_err(|e| tcg_core::Error::io(format_args!("cannot read {}", args.io.display()), &e))?;
-    let io = safetensors::SafeTensors::deserialize(&io_bytes).map_err(|e| {
-        tcg_core::Error::new(
-            tcg_core::Code::RunWeightsInvalid,
-            format!("{}: {e}", args.io.display()),
-        )
-    })?;
+/// The tensors of the `--io` file by name: `(dtype, shape, bytes)`. Read
+/// with the checks the weights get (a regular file, a header whose offsets
+/// are checked against the file's size, memory reserved without aborting).
+#[allow(clippy::type_complexity)]
+fn read_io(
+    path: &std::path::Path,
+) -> tcg_core::Result<BTreeMap<String, (String, Vec<i64>, Vec<u8>)>> {
+    let (source, entries) =
+        tcg_run::weights::Source::open(path, tcg_core::Code::RunWeightsInvalid)?;
     let mut named = BTreeMap::new();
-    for (name, view) in io.tensors() {
-        let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-        named.insert(
-            name,
-            (dtype_name(view.dtype()), shape, view.data().to_vec()),
-        );
+    for (name, entry) in entries {
+        // Dimensions fit an int64: the header reader refuses others.
+        let shape: Vec<i64> = entry.shape.iter().map(|&d| d as i64).collect();
+        let bytes = source.read_entry(&entry)?;
+        named.insert(name, (entry.dtype, shape, bytes));
     }
+    source.check_unchanged()?;
+    Ok(named)
+}
+
+fn serve(args: &Args) -> tcg_core::Result<bool> {
+    let named = read_io(&args.io)?;
     let pick = |name: &String| {
         named.get(name).ok_or_else(|| {
             tcg_core::Error::new(
@@ -194,7 +219,7 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         .collect::<tcg_core::Result<Vec<_>>>()?;
     let host: Vec<(&[u8], &str, &[i64])> = inputs
         .iter()
-        .map(|(dtype, shape, bytes)| (bytes.as_slice(), *dtype, shape.as_slice()))
+        .map(|(dtype, shape, bytes)| (bytes.as_slice(), dtype.as_str(), shape.as_slice()))
         .collect();
 
     let start = Instant::now();
@@ -214,6 +239,16 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         &args.weights,
         &args.naming,
     )?;
+    let outputs_n = served.graph().num_outputs();
+    if args.outputs.len() > outputs_n {
+        return Err(tcg_core::Error::new(
+            tcg_core::Code::RunCallInvalid,
+            format!(
+                "{} --out given, but the graph has {outputs_n} output(s)",
+                args.outputs.len()
+            ),
+        ));
+    }
     let call = Instant::now();
     let outputs: Vec<OwnedTensor> = served.run_host(&host)?;
     let first: Vec<Vec<u8>> = outputs
@@ -242,10 +277,12 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         let placed: Vec<OwnedTensor> = inputs
             .iter()
             .map(|(dtype, shape, bytes)| {
-                let d = served
-                    .torch()
-                    .dtype_by_name(dtype)
-                    .expect("a dtype the graph took");
+                let d = served.torch().dtype_by_name(dtype).ok_or_else(|| {
+                    tcg_core::Error::new(
+                        tcg_core::Code::RunInputMismatch,
+                        format!("libtorch has no dtype {dtype}"),
+                    )
+                })?;
                 OwnedTensor::from_host(served.torch(), bytes, shape, d, served.graph().device(), 0)
             })
             .collect::<tcg_core::Result<_>>()?;
@@ -279,8 +316,10 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
 
     let mut worst = 0f64;
     let mut ok = true;
+    let mut checked = 0usize;
     for ((got, out), (dtype, shape, want)) in first.iter().zip(&outputs).zip(&expected) {
-        if out.dtype().name != *dtype || out.sizes() != shape.as_slice() {
+        checked += 1;
+        if out.dtype().name != dtype.as_str() || out.sizes() != shape.as_slice() {
             ok = false;
             continue;
         }
@@ -318,7 +357,7 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         median.map_or("null".into(), |m| format!("{m:.9}")),
         latencies.len(),
         shapes.join(","),
-        expected.len(),
+        checked,
         served.bind_report().ignored.len(),
         timings_json.join(","),
     );

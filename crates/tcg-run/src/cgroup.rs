@@ -207,8 +207,16 @@ mod tests {
         let r = d.path();
         meminfo(r, 64 << 20);
         put(r, "proc/self/cgroup", "0::/kubepods/pod1/ctr\n");
-        put(r, "sys/fs/cgroup/kubepods/pod1/ctr/memory.max", "4294967296\n");
-        put(r, "sys/fs/cgroup/kubepods/pod1/ctr/memory.current", "3221225472\n");
+        put(
+            r,
+            "sys/fs/cgroup/kubepods/pod1/ctr/memory.max",
+            "4294967296\n",
+        );
+        put(
+            r,
+            "sys/fs/cgroup/kubepods/pod1/ctr/memory.current",
+            "3221225472\n",
+        );
         put(
             r,
             "sys/fs/cgroup/kubepods/pod1/ctr/memory.stat",
@@ -219,7 +227,11 @@ mod tests {
         assert_eq!(available(r), Some(2 * GIB));
         // The pod's own limit above the container's is lower still.
         put(r, "sys/fs/cgroup/kubepods/pod1/memory.max", "2684354560\n");
-        put(r, "sys/fs/cgroup/kubepods/pod1/memory.current", "2147483648\n");
+        put(
+            r,
+            "sys/fs/cgroup/kubepods/pod1/memory.current",
+            "2147483648\n",
+        );
         assert_eq!(cgroup_available(r), Some(GIB / 2));
         // "max" at a level is no limit there.
         put(r, "sys/fs/cgroup/kubepods/pod1/memory.max", "max\n");
@@ -248,8 +260,16 @@ mod tests {
             "proc/self/cgroup",
             "12:cpu,cpuacct:/docker/abc\n11:memory:/docker/abc\n1:name=systemd:/docker/abc\n",
         );
-        put(r, "sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes", "3221225472\n");
-        put(r, "sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes", "2147483648\n");
+        put(
+            r,
+            "sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes",
+            "3221225472\n",
+        );
+        put(
+            r,
+            "sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes",
+            "2147483648\n",
+        );
         put(
             r,
             "sys/fs/cgroup/memory/docker/abc/memory.stat",

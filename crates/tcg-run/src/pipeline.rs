@@ -400,7 +400,8 @@ fn alias_mismatch(bound: &str, other: &str) -> Error {
 /// headers, before anything is read.
 pub fn check_alias_headers(checkpoint: &Checkpoint, duplicates: &[(String, String)]) -> Result<()> {
     for (bound, other) in duplicates {
-        let (Some((_, a)), Some((_, b))) = (checkpoint.entry(bound), checkpoint.entry(other)) else {
+        let (Some((_, a)), Some((_, b))) = (checkpoint.entry(bound), checkpoint.entry(other))
+        else {
             return Err(Error::new(
                 Code::RunConstantMissing,
                 format!("the weights lack {bound:?} or {other:?}"),
@@ -1157,5 +1158,112 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.code(), Code::RunWeightsTooLarge, "{err}");
         assert!(err.message().contains("the host"), "{err}");
+    }
+
+    /// A sparse safetensors file of float32 tensors `(name, elements)`
+    /// (zeros that take no disk), in the order given.
+    fn sparse(path: &Path, tensors: &[(&str, u64)]) {
+        let mut at = 0u64;
+        let parts: Vec<String> = tensors
+            .iter()
+            .map(|(name, n)| {
+                let part = format!(
+                    r#""{name}":{{"dtype":"F32","shape":[{n}],"data_offsets":[{at},{}]}}"#,
+                    at + 4 * n
+                );
+                at += 4 * n;
+                part
+            })
+            .collect();
+        let header = format!("{{{}}}", parts.join(","));
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        std::fs::write(path, &bytes).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.set_len(bytes.len() as u64 + at).unwrap();
+    }
+
+    /// A contract whose table binds `w` (tied to `w_tied`) and `x`.
+    fn tied(rows: &[ConstantRow]) -> WeightsContract {
+        let facts = tcg_cj::parse_strict(
+            br#"{"kinds":{"w":"parameter","w_tied":"parameter","x":"parameter"},"alias_groups":[["w","w_tied"]]}"#,
+        )
+        .unwrap();
+        let declared = ["w", "w_tied", "x"].iter().map(|s| s.to_string()).collect();
+        WeightsContract::from_facts(&facts, &declared, rows).unwrap()
+    }
+
+    fn stage_cpu(
+        rows: &[ConstantRow],
+        contract: &WeightsContract,
+        c: &Checkpoint,
+    ) -> Result<Staged> {
+        stage(
+            rows,
+            contract,
+            c,
+            None,
+            Device::Cpu,
+            "cpu",
+            &Readers::spawn(2).unwrap(),
+        )
+    }
+
+    #[test]
+    fn tied_aliases_are_read_only_after_every_header_check_and_the_capacity_check() {
+        let d = tempfile::tempdir().unwrap();
+        let big: u64 = 1 << 26; // 256 MiB a tensor, sparse
+        let rows = vec![row("w", big), row("x", 4)];
+        let contract = tied(&rows);
+        // Another constant's shape is wrong: refused from the headers, with
+        // not one byte of the tied pair read (it was read twice in full first).
+        let p = d.path().join("a.safetensors");
+        sparse(&p, &[("w", big), ("w_tied", big), ("x", 5)]);
+        let c = Checkpoint::open(&[p], &Naming::default()).unwrap();
+        let err = stage_cpu(&rows, &contract, &c).unwrap_err();
+        assert_eq!(err.code(), Code::RunConstantMismatch, "{err}");
+        assert!(err.message().contains("\"x\""), "{err}");
+        assert_eq!(c.bytes_read(), 0);
+        // Aliases of different shapes: refused from the headers too.
+        let p = d.path().join("b.safetensors");
+        sparse(&p, &[("w", big), ("w_tied", big - 1), ("x", 4)]);
+        let c = Checkpoint::open(&[p], &Naming::default()).unwrap();
+        let err = stage_cpu(&rows, &contract, &c).unwrap_err();
+        assert_eq!(err.code(), Code::RunConstantMismatch, "{err}");
+        assert!(err.message().contains("share storage"), "{err}");
+        assert_eq!(c.bytes_read(), 0);
+        // More than any host holds: the capacity check, still nothing read.
+        let huge: u64 = 1 << 38;
+        let rows_huge = vec![row("w", huge), row("x", 4)];
+        let p = d.path().join("c.safetensors");
+        sparse(&p, &[("w", huge), ("w_tied", huge), ("x", 4)]);
+        let c = Checkpoint::open(&[p], &Naming::default()).unwrap();
+        let err = stage_cpu(&rows_huge, &tied(&rows_huge), &c).unwrap_err();
+        assert_eq!(err.code(), Code::RunWeightsTooLarge, "{err}");
+        assert_eq!(c.bytes_read(), 0);
+    }
+
+    #[test]
+    fn tied_aliases_with_different_values_are_refused_and_equal_ones_bind_once() {
+        let d = tempfile::tempdir().unwrap();
+        let rows = vec![row("w", 300_000), row("x", 3)];
+        let contract = tied(&rows);
+        // `write` numbers each tensor's elements from its position: w and
+        // w_tied differ.
+        let p = d.path().join("differ.safetensors");
+        write(&p, &[("w", 300_000), ("w_tied", 300_000), ("x", 3)]);
+        let c = Checkpoint::open(&[p], &Naming::default()).unwrap();
+        let err = stage_cpu(&rows, &contract, &c).unwrap_err();
+        assert_eq!(err.code(), Code::RunConstantMismatch, "{err}");
+        assert!(err.message().contains("share storage"), "{err}");
+        // Equal values (both zeros): staged, the table's one row read once.
+        let p = d.path().join("same.safetensors");
+        sparse(&p, &[("w", 300_000), ("w_tied", 300_000), ("x", 3)]);
+        let c = Checkpoint::open(&[p], &Naming::default()).unwrap();
+        let staged = stage_cpu(&rows, &contract, &c).unwrap();
+        assert_eq!(staged.placed.len(), 2);
+        assert_eq!(staged.bytes, 4 * (300_000 + 3));
+        // Compared (both aliases) and then read (the bound one).
+        assert_eq!(c.bytes_read(), 4 * (3 * 300_000 + 3));
     }
 }

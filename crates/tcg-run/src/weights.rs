@@ -735,4 +735,196 @@ mod tests {
         let err = src.check_unchanged().unwrap_err();
         assert!(err.message().contains("changed while"), "{err}");
     }
+
+    /// A header of U8 tensors of `lens` bytes tiling the data section, as
+    /// its JSON: the offsets are whatever the lengths add up to (near 2^64
+    /// for hostile ones), with no data behind them.
+    fn tiled_header(lens: &[u64]) -> String {
+        let mut at = 0u64;
+        let mut parts = Vec::new();
+        for (i, len) in lens.iter().enumerate() {
+            parts.push(format!(
+                r#""t{i:02}":{{"dtype":"U8","shape":[{len}],"data_offsets":[{at},{}]}}"#,
+                at.wrapping_add(*len)
+            ));
+            at = at.wrapping_add(*len);
+        }
+        format!("{{{}}}", parts.join(","))
+    }
+
+    fn image(header: &str) -> Vec<u8> {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes
+    }
+
+    #[test]
+    fn headers_whose_offsets_end_near_2_pow_64_are_refused_not_overflowed() {
+        // Sixteen tensors of 2^60 bytes, the last one byte short: the data
+        // section ends at 2^64 - 1, which the header's length would wrap.
+        let mut lens = vec![1u64 << 60; 16];
+        lens[15] -= 1;
+        let header = tiled_header(&lens);
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("huge.safetensors");
+        std::fs::write(&p, image(&header)).unwrap();
+        let err = Source::open(&p, Code::RunWeightsInvalid).unwrap_err();
+        assert_eq!(err.code(), Code::RunWeightsInvalid);
+        assert!(err.message().contains("truncated"), "{err}");
+        // The same header against every file size that could meet it.
+        for size in [0, 8, u64::MAX, u64::MAX - 7, i64::MAX as u64, 1 << 63] {
+            assert!(image_entries(&image(&header), size).is_err(), "{size}");
+        }
+        // One tensor whose end is u64::MAX (its length is not its shape's).
+        let one = r#"{"t":{"dtype":"U8","shape":[1],"data_offsets":[18446744073709551614,18446744073709551615]}}"#;
+        assert!(image_entries(&image(one), u64::MAX).is_err());
+        // A length field of 2^64 - 1 and short images: refused.
+        assert!(image_entries(&u64::MAX.to_le_bytes(), u64::MAX).is_err());
+        assert!(image_entries(&[1, 2, 3], 3).is_err());
+    }
+
+    #[test]
+    fn hostile_headers_never_panic_and_accepted_ones_lie_inside_the_file() {
+        // Lengths and sizes at the edges of u64, in every combination.
+        let edges = [
+            0u64,
+            1,
+            255,
+            256,
+            (1 << 32) - 1,
+            1 << 32,
+            (1 << 60) - 1,
+            1 << 60,
+            i64::MAX as u64,
+            (i64::MAX as u64) + 1,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        for &a in &edges {
+            for &b in &edges {
+                let header = tiled_header(&[a, b]);
+                let img = image(&header);
+                let exact = (img.len() as u64).wrapping_add(a).wrapping_add(b);
+                for size in [
+                    exact,
+                    exact.wrapping_sub(1),
+                    exact.wrapping_add(1),
+                    u64::MAX,
+                    0,
+                ] {
+                    if let Ok(entries) = image_entries(&img, size) {
+                        for e in entries.values() {
+                            let end = e.offset.checked_add(e.len as u64).expect("no wrap");
+                            assert!(
+                                e.offset >= img.len() as u64 && end <= size,
+                                "{a} {b} {size}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A FIFO at `path` (nobody ever writes it).
+    fn fifo(path: &Path) {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+
+    /// Run `f` on a thread and fail (rather than hang the suite) when it has
+    /// not returned within a generous bound: opening a FIFO for reading waits
+    /// for a writer forever.
+    fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(20))
+            .expect("blocked on a non-regular file")
+    }
+
+    #[test]
+    fn fifos_are_refused_as_files_shards_indexes_and_directory_members_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().to_owned();
+        // A FIFO named as a weights file.
+        fifo(&root.join("w.safetensors"));
+        // A directory whose one .safetensors is a FIFO.
+        std::fs::create_dir(root.join("dir")).unwrap();
+        fifo(&root.join("dir/model.safetensors"));
+        // A FIFO as the index, named directly and found in a directory.
+        std::fs::create_dir(root.join("idx")).unwrap();
+        fifo(&root.join("idx/model.safetensors.index.json"));
+        // An index whose shard is a FIFO.
+        std::fs::create_dir(root.join("shard")).unwrap();
+        std::fs::write(
+            root.join("shard/model.safetensors.index.json"),
+            r#"{"weight_map":{"a":"a.safetensors"}}"#,
+        )
+        .unwrap();
+        fifo(&root.join("shard/a.safetensors"));
+        // A symlink to a FIFO: followed, then refused by what it opens.
+        std::os::unix::fs::symlink(root.join("w.safetensors"), root.join("link.safetensors"))
+            .unwrap();
+        for path in [
+            "w.safetensors",
+            "dir",
+            "idx",
+            "idx/model.safetensors.index.json",
+            "shard",
+            "link.safetensors",
+        ] {
+            let p = root.join(path);
+            let err = within(move || Checkpoint::open(&[p], &Naming::default()).unwrap_err());
+            assert_eq!(err.code(), Code::RunWeightsInvalid, "{path}: {err}");
+            assert!(
+                err.message().contains("not a regular file"),
+                "{path}: {err}"
+            );
+        }
+        // A directory given where a file is read, and a device.
+        let err = Source::open(&root, Code::RunWeightsInvalid).unwrap_err();
+        assert!(err.message().contains("a directory"), "{err}");
+        let err =
+            within(|| Source::open(Path::new("/dev/null"), Code::RunLiteralPayload).unwrap_err());
+        assert_eq!(err.code(), Code::RunLiteralPayload);
+        assert!(err.message().contains("character device"), "{err}");
+    }
+
+    #[test]
+    fn aliases_are_compared_in_chunks_to_the_last_byte() {
+        let d = tempfile::tempdir().unwrap();
+        // Two tensors of 2.5 chunks each, equal, then differing in the last byte.
+        let len = COMPARE_CHUNK * 5 / 2;
+        let write = |last: u8| {
+            let header = format!(
+                r#"{{"a":{{"dtype":"U8","shape":[{len}],"data_offsets":[0,{len}]}},"b":{{"dtype":"U8","shape":[{len}],"data_offsets":[{len},{}]}},"c":{{"dtype":"U8","shape":[1],"data_offsets":[{},{}]}}}}"#,
+                2 * len,
+                2 * len,
+                2 * len + 1
+            );
+            let mut bytes = image(&header);
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            bytes.extend_from_slice(&data);
+            let mut other = data.clone();
+            *other.last_mut().unwrap() = last;
+            bytes.extend_from_slice(&other);
+            bytes.push(7);
+            let p = d.path().join("t.safetensors");
+            std::fs::write(&p, bytes).unwrap();
+            Checkpoint::open(&[p], &Naming::default()).unwrap()
+        };
+        let same = write(((len - 1) % 251) as u8);
+        assert!(same.same_values("a", "b").unwrap());
+        assert_eq!(same.bytes_read(), 2 * len as u64);
+        let differ = write(255);
+        assert!(!differ.same_values("a", "b").unwrap());
+        // Different lengths differ without a read; a missing name is typed.
+        assert!(!differ.same_values("a", "c").unwrap());
+        assert_eq!(differ.bytes_read(), 2 * len as u64);
+        let err = differ.same_values("a", "nope").unwrap_err();
+        assert_eq!(err.code(), Code::RunConstantMissing);
+    }
 }

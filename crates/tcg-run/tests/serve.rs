@@ -239,3 +239,129 @@ fn the_serve_example_runs_as_its_own_process() {
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("code: "));
 }
+
+/// A FIFO at `path` (nobody ever writes it).
+fn fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+/// `f` on a thread; a failure, not a hung suite, when it blocks.
+fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("blocked on a non-regular file")
+}
+
+/// The example run to its end, killed (and the test failed) past a bound.
+fn run_bounded(cmd: &mut Command) -> std::process::Output {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed().as_secs() > 60 {
+            child.kill().unwrap();
+            panic!("the serve example blocked: {cmd:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn served_refuses_fifos_as_weights_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let fifos = dir.path().join("fifos");
+    std::fs::create_dir_all(fifos.join("dir")).unwrap();
+    std::fs::create_dir_all(fifos.join("idx")).unwrap();
+    fifo(&fifos.join("w.safetensors"));
+    fifo(&fifos.join("dir/model.safetensors"));
+    fifo(&fifos.join("idx/model.safetensors.index.json"));
+    for (i, weights) in [
+        "w.safetensors",
+        "dir",
+        "idx",
+        "idx/model.safetensors.index.json",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (store, dest, weights) = (
+            store.clone(),
+            dir.path().join(format!("g{i}")),
+            fifos.join(weights),
+        );
+        let err = within(move || {
+            Served::open(&store, KEY, &dest, &torch_lib(), "cpu", &weights).unwrap_err()
+        });
+        assert_eq!(err.code(), Code::RunWeightsInvalid, "{err}");
+        assert!(err.message().contains("not a regular file"), "{err}");
+    }
+}
+
+#[test]
+fn the_serve_example_bounds_its_arguments_and_reports_exactly_what_it_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store(dir.path());
+    let base = |dest: &str, io: &Path| {
+        let mut c = Command::new(example());
+        c.args(["--store".as_ref(), store.as_os_str()])
+            .args(["--key", KEY, "--in", "x"])
+            .args(["--dest".as_ref(), dir.path().join(dest).as_os_str()])
+            .args(["--torch-lib".as_ref(), torch_lib().as_os_str()])
+            .args([
+                "--weights".as_ref(),
+                fixture("mlp-cpu.weights.safetensors").as_os_str(),
+            ])
+            .args(["--io".as_ref(), io.as_os_str()]);
+        c
+    };
+    let io = fixture("mlp-cpu.io.safetensors");
+    // Out of bounds: a usage error (exit 2) before anything is loaded, not a
+    // capacity overflow or an allocation that aborts the process.
+    for (flag, value) in [
+        ("--repeat", "18446744073709551615"),
+        ("--repeat", "100000000000"),
+        ("--repeat", "1000001"),
+        ("--repeat", "-1"),
+        ("--rtol", "nan"),
+        ("--atol", "-1"),
+        ("--atol", "inf"),
+    ] {
+        let out = run_bounded(base("u", &io).args([flag, value]));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(stderr.starts_with(&format!("error: {flag}")), "{stderr}");
+    }
+    let help = run_bounded(Command::new(example()).arg("--help"));
+    assert_eq!(help.status.code(), Some(0));
+    let usage = String::from_utf8_lossy(&help.stdout);
+    assert!(usage.contains("--repeat N (0..=1000000)"), "{usage}");
+    // The graph has one output: a second --out is refused, not reported checked.
+    let two = run_bounded(base("a", &io).args(["--out", "y", "--out", "y"]));
+    let stderr = String::from_utf8_lossy(&two.stderr);
+    assert_eq!(two.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("code: run.call_invalid"), "{stderr}");
+    let one = run_bounded(base("b", &io).args(["--out", "y"]));
+    let stdout = String::from_utf8_lossy(&one.stdout);
+    assert!(one.status.success(), "{stdout}");
+    assert!(stdout.contains("\"checked\":1,"), "{stdout}");
+    let none = run_bounded(&mut base("c", &io));
+    let stdout = String::from_utf8_lossy(&none.stdout);
+    assert!(stdout.contains("\"checked\":0,"), "{stdout}");
+    // The --io file is read as the weights are: a FIFO is refused at once.
+    let pipe = dir.path().join("io.safetensors");
+    fifo(&pipe);
+    let out = run_bounded(&mut base("d", &pipe));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("code: run.weights_invalid"), "{stderr}");
+}
