@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the nine cargo-fuzz targets in parallel for SECONDS each (libFuzzer fork
+# Run the ten cargo-fuzz targets in parallel for SECONDS each (libFuzzer fork
 # mode, 2 workers a target), resuming from and returning their corpora.
 # Binaries are built here with `RUSTC_BOOTSTRAP=1 cargo fuzz build -O` in fuzz/,
 # stripped into fuzz-bin/, and carried to the device machine (16 cores).
@@ -8,7 +8,7 @@ set -u
 secs=${1:?seconds}
 out=${2:?outdir}
 cd "$(dirname "$0")/.."
-targets="envelope_reader metadata wrapper elf wrapper_scan input_checks allowed_signers remote_records native_calls"
+targets="envelope_reader metadata wrapper elf wrapper_scan input_checks allowed_signers remote_records native_calls safetensors_header"
 mkdir -p "$out" fuzz-bin/corpus
 if [ -f fuzz-bin/corpus.tar.gz ]; then tar xzf fuzz-bin/corpus.tar.gz -C fuzz-bin/corpus; fi
 # Package seeds: the model.pt2 of the small corpus envelopes (the reference
@@ -32,6 +32,7 @@ seed() {
     allowed_signers) echo fuzz/seeds/allowed_signers ;;
     remote_records) echo fuzz/seeds/remote_records ;;
     native_calls) echo fuzz/seeds/native_calls ;;
+    safetensors_header) echo fuzz/seeds/safetensors_header ;;
   esac
 }
 for t in $targets; do

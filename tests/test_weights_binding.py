@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from torch_compiled_graphs.errors import BindingError
+
 from .conftest import REFERENCE_WEIGHTS, refused_binding
 
 
@@ -182,3 +184,115 @@ def test_a_parameter_the_compiler_records_as_a_literal_is_refused_with_the_fix()
         literal_tensors(program, [{"fqn": "0.weight"}])
     assert e.value.code == "admission.literal_unbound"
     assert "nn.Sequential" in str(e.value) and "parameter or buffer" in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def tied(graph: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The reference graph with a weights contract that ties ``l1.weight`` to a declared
+    ``tied.weight`` (as a tied embedding's two names are): its package gains the annex a
+    mint would write, its metadata the declared name. No compile."""
+    import copy
+    import shutil
+    import zipfile
+
+    from torch_compiled_graphs import _native
+    from torch_compiled_graphs.engine import StoredCompiledGraph
+
+    path = tmp_path_factory.mktemp("tied") / "graph"
+    shutil.copytree(graph.path, path)
+    metadata = copy.deepcopy(graph.metadata)
+    declared = sorted([*metadata["graph_class"]["graph"]["constant_fqns"], "tied.weight"])
+    metadata["graph_class"]["graph"]["constant_fqns"] = declared
+    annex = {
+        "annex": 1,
+        "weights": {
+            "v": 1,
+            "kinds": dict.fromkeys(declared, "parameter"),
+            "alias_groups": [["l1.weight", "tied.weight"]],
+            "dropped": [],
+        },
+    }
+    with zipfile.ZipFile(path / "model.pt2", "a") as z:
+        z.writestr("model/extra/torch-compiled-graphs.json", _native.canonical_json(annex))
+    stored = StoredCompiledGraph(graph.key, path, metadata, graph.manifest)
+    assert stored.weights_contract["alias_groups"] == [["l1.weight", "tied.weight"]]
+    return stored
+
+
+def test_load_compares_tied_values_not_addresses(tied: Any, io: dict[str, Any], tensors: dict[str, Any]) -> None:
+    """``W`` and a view of W's memory with other strides share a data pointer and hold different
+    values: one tied group cannot take both (it took them when addresses were compared)."""
+    import torch
+
+    state = {k: torch.from_numpy(v.copy()) for k, v in tensors.items()}
+    w = state["l1.weight"]
+    # Same address, same shape (32, 16), other strides: the bytes read as another matrix.
+    other = w.reshape(16, 32).t()
+    assert other.data_ptr() == w.data_ptr() and other.shape == w.shape and not torch.equal(other, w)
+    err = refused_binding("run.constant_mismatch", tied.load, {**state, "tied.weight": other})
+    assert "share storage" in str(err)
+    # A square case of W and W.t() (the shapes of l1.weight's first 16 rows).
+    square = w[:16]
+    assert square.t().data_ptr() == square.data_ptr()
+    from torch_compiled_graphs.runner import _check_tied
+
+    with pytest.raises(BindingError):
+        _check_tied([("a", "b")], {"a": square, "b": square.t()})
+    _check_tied([("a", "b")], {"a": square, "b": square.clone()})
+    _check_tied([("a", "b")], {"a": square, "b": square[:]})  # another view of the same elements
+    # The same tensor, an equal copy: bound, and the graph runs.
+    want = np.asarray(tied.load_native(REFERENCE_WEIGHTS)(io["x"]))
+    for value in (w, w.clone()):
+        got = tied.load({**state, "tied.weight": value})(torch.from_numpy(io["x"])).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", ["load_native", "load"])
+def test_tied_values_in_a_checkpoint_are_compared_and_bound_once(
+    tied: Any, io: dict[str, Any], tensors: dict[str, Any], tmp_path: Path, path: str
+) -> None:
+    import torch
+    from safetensors.numpy import save_file
+
+    load = tied.load_native if path == "load_native" else tied.load
+    want = np.asarray(tied.load_native(REFERENCE_WEIGHTS)(io["x"]))
+    same = {**tensors, "tied.weight": tensors["l1.weight"].copy()}
+    save_file(same, str(tmp_path / "same.safetensors"))
+    graph = load(tmp_path / "same.safetensors")
+    x = io["x"] if path == "load_native" else torch.from_numpy(io["x"])
+    np.testing.assert_allclose(np.asarray(graph(x)), want, rtol=1e-6, atol=1e-6)
+    if path == "load":
+        # The alias is compared, not read: the one allocation holds the table's constants only.
+        storage = {t.untyped_storage().nbytes() for t in graph._bound.values()}
+        assert storage == {sum(-(-t.nbytes // 256) * 256 for t in tensors.values())}
+    differ = dict(same)
+    differ["tied.weight"] = same["tied.weight"].copy()
+    differ["tied.weight"][-1, -1] += 1  # the very last element
+    save_file(differ, str(tmp_path / "differ.safetensors"))
+    err = refused_binding("run.constant_mismatch", load, tmp_path / "differ.safetensors")
+    assert "share storage" in str(err)
+
+
+@pytest.mark.parametrize("path", ["load_native", "load"])
+def test_a_tied_pair_refusable_from_its_headers_is_never_read(
+    tied: Any, tensors: dict[str, Any], tmp_path: Path, path: str
+) -> None:
+    """Both names of a tied pair at 1 GiB each (sparse) of a shape the graph does not take: the
+    header refuses them with not a byte read (both were read in full to be compared first)."""
+    from .test_weights_pipeline import _rchar, _sparse
+
+    load = tied.load_native if path == "load_native" else tied.load
+    big = ("F32", [1 << 28])
+    weights = tmp_path / "tied-big.safetensors"
+    rest = {k: v for k, v in tensors.items() if k != "l1.weight"}
+    _sparse(weights, rest, {"l1.weight": big, "tied.weight": big})
+    before = _rchar()
+    err = refused_binding("run.constant_mismatch", load, weights)
+    assert "l1.weight" in str(err)
+    assert _rchar() - before < 64 << 20, "the tied pair was read before its header was checked"
+    # Aliases of different dtypes: refused from the headers too.
+    _sparse(weights, rest, {"l1.weight": ("F32", [32, 16]), "tied.weight": ("F16", [32, 16])})
+    before = _rchar()
+    err = refused_binding("run.constant_mismatch", load, weights)
+    assert "share storage" in str(err)
+    assert _rchar() - before < 64 << 20

@@ -5,11 +5,15 @@ each in a fresh process where a crash would show."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +205,161 @@ def test_the_reader_thread_count_comes_from_the_environment(graph: Any, io: dict
             np.testing.assert_array_equal(np.asarray(graph.load_native(REFERENCE_WEIGHTS)(io["x"])), want)
         finally:
             del os.environ["TORCH_COMPILED_GRAPHS_READ_THREADS"]
+
+
+def _rchar() -> int:
+    """Bytes this process has read so far (every thread's ``read``/``pread``), from ``/proc/self/io``."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("/proc/self/io has no rchar")
+
+
+@contextlib.contextmanager
+def _fails_if_blocked(fifos: list[Path], seconds: float = 20.0) -> Iterator[None]:
+    """Fails the test, rather than hanging the suite, when a FIFO of ``fifos`` is opened for
+    reading and waits for a writer: past ``seconds``, a writer opens and closes each one (which
+    releases a reader waiting in open or read) until the block returns."""
+    done = threading.Event()
+    fired: list[bool] = []
+
+    def watchdog() -> None:
+        if done.wait(seconds):
+            return
+        fired.append(True)
+        while not done.is_set():
+            for fifo in fifos:
+                try:
+                    fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                except OSError:  # no reader has it open
+                    continue
+                os.close(fd)
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watchdog, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+    assert not fired, f"blocked reading a FIFO for {seconds} s"
+
+
+def _fifo_checkpoints(tmp_path: Path, tensors: dict[str, Any]) -> tuple[list[Path], list[Path]]:
+    """Every place a FIFO can stand in a checkpoint: the file, a directory's one file, an index
+    (named, and found in a directory), a shard an index names. Returns (weights paths, FIFOs)."""
+    from safetensors.numpy import save_file
+
+    fifos = [
+        tmp_path / "w.safetensors",
+        tmp_path / "dir" / "model.safetensors",
+        tmp_path / "idx" / "model.safetensors.index.json",
+        tmp_path / "shard" / "model-00001-of-00001.safetensors",
+    ]
+    for fifo in fifos:
+        fifo.parent.mkdir(exist_ok=True)
+        os.mkfifo(fifo)
+    save_file(tensors, str(tmp_path / "shard" / "real.safetensors"))
+    first = sorted(tensors)[0]
+    weight_map = {name: "real.safetensors" for name in tensors if name != first}
+    weight_map[first] = fifos[3].name
+    (tmp_path / "shard" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    paths = [fifos[0], fifos[1].parent, fifos[2], fifos[2].parent, tmp_path / "shard"]
+    return paths, fifos
+
+
+@pytest.mark.parametrize("path", ["load_native", "load"])
+def test_fifos_anywhere_in_a_checkpoint_are_refused_without_blocking(
+    graph: Any, tensors: dict[str, Any], tmp_path: Path, path: str
+) -> None:
+    load = graph.load_native if path == "load_native" else graph.load
+    paths, fifos = _fifo_checkpoints(tmp_path, tensors)
+    with _fails_if_blocked(fifos):
+        for weights in paths:
+            err = refused_binding("run.weights_invalid", load, weights)
+            assert "not a regular file" in str(err), str(err)
+
+
+def _sparse(path: Path, tensors: dict[str, Any], big: dict[str, tuple[str, list[int]]]) -> None:
+    """A safetensors file of ``tensors`` plus, first, the ``big`` ones (name -> (dtype, shape)) as
+    zeros that take no disk: the file is extended with ``truncate``, never written."""
+    sizes = {"F32": 4, "F16": 2}
+    header: dict[str, Any] = {}
+    at = 0
+    for name, (dtype, shape) in big.items():
+        n = sizes[dtype] * int(np.prod(shape, dtype=object))
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + n]}
+        at += n
+    data = b""
+    for name, value in sorted(tensors.items()):
+        raw = np.ascontiguousarray(value).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(value.shape), "data_offsets": [at, at + len(raw)]}
+        at += len(raw)
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with path.open("wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        f.truncate(8 + len(text) + at - len(data))
+        f.seek(0, os.SEEK_END)
+        f.write(data)
+
+
+@pytest.mark.parametrize("path", ["load_native", "load"])
+def test_a_header_of_the_wrong_shape_is_refused_before_any_data_is_read(
+    graph: Any, tensors: dict[str, Any], tmp_path: Path, path: str
+) -> None:
+    """1 GiB and 1 TiB tensors (sparse) whose header already shows the wrong shape: refused
+    with the code, with nothing allocated for them and not one of their bytes read."""
+    load = graph.load_native if path == "load_native" else graph.load
+    first = "l1.weight"
+    rest = {k: v for k, v in tensors.items() if k != first}
+    for elements in (1 << 28, 1 << 38):
+        weights = tmp_path / f"wrong-{elements}.safetensors"
+        _sparse(weights, rest, {first: ("F32", [elements])})
+        before = _rchar()
+        err = refused_binding("run.constant_mismatch", load, weights)
+        assert first in str(err) and str(elements) in str(err), str(err)
+        assert _rchar() - before < 64 << 20, "tensor data was read before the header was checked"
+
+
+@pytest.mark.parametrize("path", ["load_native", "load"])
+def test_weights_beyond_the_memory_are_refused_before_anything_is_allocated_or_read(
+    graph: Any, tensors: dict[str, Any], tmp_path: Path, path: str
+) -> None:
+    """A graph whose constant is 1 TiB (its metadata row says so) given a 1 TiB (sparse) file of
+    the right header: the capacity check refuses it, on both paths, before any allocation or read."""
+    import copy
+
+    from torch_compiled_graphs.engine import StoredCompiledGraph
+
+    shape = [1 << 34, 16]
+    metadata = copy.deepcopy(graph.metadata)
+    for row in metadata["graph_class"]["constants"]:
+        if row["fqn"] == "l1.weight":
+            row["shape"] = shape
+    huge = StoredCompiledGraph(graph.key, graph.path, metadata, graph.manifest)
+    weights = tmp_path / "huge.safetensors"
+    _sparse(weights, {k: v for k, v in tensors.items() if k != "l1.weight"}, {"l1.weight": ("F32", shape)})
+    load = huge.load_native if path == "load_native" else huge.load
+    before = _rchar()
+    err = refused_binding("run.weights_too_large", load, weights)
+    assert "the host" in str(err), str(err)
+    assert _rchar() - before < 64 << 20
+
+
+def test_the_reader_checks_capacity_and_counts_what_it_reads(tensors: dict[str, Any], tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    from torch_compiled_graphs import _native
+
+    save_file(tensors, str(tmp_path / "w.safetensors"))
+    reader = _native.CheckpointReader([str(tmp_path / "w.safetensors")])
+    reader.check_capacity(1 << 20, "cpu")
+    refused_binding("run.weights_too_large", reader.check_capacity, 1 << 50, "cpu")
+    assert reader.bytes_read == 0
+    names = sorted(tensors)
+    assert reader.same_values(names[0], names[0])
+    assert not reader.same_values("l1.bias", "l1.weight")  # different lengths: no read
+    assert reader.bytes_read == 2 * tensors[names[0]].nbytes

@@ -56,11 +56,12 @@ def _read_checkpoint(
     plan = plan_of(list(entries))
     dtypes = {}
     for fqn, name in plan["bind"]:
-        dtype, shape = entries[name]
-        _check_row(repr(fqn) if fqn == name else f"{fqn!r} (bound from its alias {name!r})", dtype, shape, rows[fqn])
-        torch_dtype = getattr(torch, dtype, None)
+        dtype_name, shape = entries[name]
+        shown = repr(fqn) if fqn == name else f"{fqn!r} (bound from its alias {name!r})"
+        _check_row(shown, dtype_name, shape, rows[fqn])
+        torch_dtype = getattr(torch, dtype_name, None)
         if not isinstance(torch_dtype, torch.dtype):
-            raise BindingError(f"{name!r} has a dtype ({dtype}) torch cannot hold", "run.weights_invalid")
+            raise BindingError(f"{name!r} has a dtype ({dtype_name}) torch cannot hold", "run.weights_invalid")
         dtypes[name] = torch_dtype
     for bound_name, other in plan["duplicates"]:
         if entries[bound_name] != entries[other]:
@@ -120,8 +121,7 @@ def _check_tied(duplicates: Any, named: Mapping[str, Any]) -> None:
             and a.device == b.device
             and (
                 # The same elements at the same addresses: one view, no need to compare.
-                (a.data_ptr() == b.data_ptr() and a.stride() == b.stride())
-                or bool(torch.equal(a, b))
+                (a.data_ptr() == b.data_ptr() and a.stride() == b.stride()) or bool(torch.equal(a, b))
             )
         )
         if not same:
