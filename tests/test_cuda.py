@@ -576,3 +576,19 @@ def test_weights_too_large_for_the_device_are_refused_and_nothing_is_left_behind
     assert report["load"] == "run.weights_too_large", report
     assert "cuda:0" in report["load_native_message"], report
     assert report["after"] == [2, 4096], report
+
+
+def test_load_from_a_path_checks_the_devices_free_memory_before_it_allocates(tmp_path: Path) -> None:
+    """``load(path)`` asks the driver for the device's free memory (``cuMemGetInfo``, the
+    native path's check) before its ``torch.empty`` buffer: weights past it are refused, typed."""
+    from safetensors.torch import save_file
+
+    from torch_compiled_graphs import _native
+
+    save_file({"w": torch.zeros(4)}, str(tmp_path / "w.safetensors"))
+    reader = _native.CheckpointReader([str(tmp_path / "w.safetensors")])
+    reader.check_capacity(1 << 20, "cuda:0")
+    with pytest.raises(BindingError) as e:
+        reader.check_capacity(1 << 50, "cuda:0")
+    assert e.value.code == "run.weights_too_large" and "cuda:0" in str(e.value)
+    assert reader.bytes_read == 0
