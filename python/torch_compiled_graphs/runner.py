@@ -367,7 +367,6 @@ class LoadedGraph:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the graph with the original module's ``(args, kwargs)`` convention."""
-        import torch
 
         if sorted(kwargs) != sorted(self._kwarg_names):
             raise BindingError(
@@ -380,8 +379,8 @@ class LoadedGraph:
                 f"call arguments have structure {spec}, the graph was exported with {self._in_spec}",
                 "run.call_invalid",
             )
-        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         self._check_inputs(flat)
+        tensors = self._placed(flat)
         started = time.perf_counter() if self._first_call_pending else 0.0
         outputs = self._loader.boxed_run(tensors)
         if self._first_call_pending:
@@ -392,6 +391,42 @@ class LoadedGraph:
 
             return _unflatten(self._out_records, iter(outputs))
         return self._pytree.tree_unflatten(outputs, self._out_spec)
+
+    def _input_name(self, position: int) -> str:
+        pytree = self._stored.metadata["graph_class"]["graph"].get("pytree", {})
+        ingress = pytree.get("ingress") if isinstance(pytree, dict) else None
+        if isinstance(ingress, dict):
+            for row in ingress.get("inputs", ()):
+                if int(row["position"]) == position:
+                    return f"input {row['name']!r}"
+        return f"argument {position} of the flattened call"
+
+    def _placed(self, flat: list[Any]) -> list[Any]:
+        """The call's tensors, each on the graph's device: the container reads every
+        input as memory of that device, so a tensor elsewhere would be read through a
+        pointer of another address space (an illegal access that aborts the process on
+        a GPU). What an eager module takes, the graph takes: a 0-d CPU tensor (a
+        pipeline's timestep) is moved to the device, as torch's own ops accept a CPU
+        scalar beside CUDA tensors; any other tensor on another device is refused
+        (``run.call_invalid``) before the run."""
+        import torch
+
+        placed = []
+        for position, value in enumerate(flat):
+            if not isinstance(value, torch.Tensor):
+                continue
+            device = value.device
+            if device != self.device:
+                if device.type == "cpu" and value.dim() == 0:
+                    value = value.to(self.device)
+                else:
+                    raise BindingError(
+                        f"{self._input_name(position)} is on {device}, the graph runs on {self.device}: "
+                        f"move it with .to({str(self.device)!r})",
+                        "run.call_invalid",
+                    )
+            placed.append(value)
+        return placed
 
     def _check_inputs(self, flat: list[Any]) -> None:
         """The call's tensors against the call ingress: a tensor exactly where the graph
