@@ -236,7 +236,9 @@ def run_tests(site: Path, out: Path) -> dict[str, object]:
             "-p",
             "no:cacheprovider",
             "-rA",
-            str(ROOT / "tests" / "test_cuda.py"),
+            # Every CUDA test file (test_cuda*.py: the suite, the drop-in pipeline,
+            # CUDA graphs, weights once) and the outputs suite.
+            *sorted(str(p) for p in (ROOT / "tests").glob("test_cuda*.py")),
             str(ROOT / "tests" / "test_outputs.py"),
             *TEST_FILTER,
             *junit,
