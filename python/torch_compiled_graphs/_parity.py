@@ -221,7 +221,7 @@ def _compare_exact(path: str, dtype: str, shape: list[int], e: Any, a: Any) -> t
     largest = _python_int(dh[worst], dl[worst])
     eager_value, compiled_value = _python_int(eh[worst], el[worst]), _python_int(ah[worst], al[worst])
     if dtype == "bool":
-        eager_value, compiled_value = bool(eager_value), bool(compiled_value)  # type: ignore[assignment]
+        eager_value, compiled_value = bool(eager_value), bool(compiled_value)
     magnitude = abs(eager_value)
     rel = largest / magnitude if magnitude else float(largest)
     leaf = _leaf(path, dtype, shape, numel, largest, rel, 0.0, 0.0)
