@@ -584,3 +584,19 @@ def test_two_targets_rendering_one_job_name_are_refused(tmp_path: Path, monkeypa
     with pytest.raises(BuildError) as e:
         k8s.render(matrix, list(matrix.cells))
     assert e.value.code == "build.executor_invalid" and "would share the name 'same'" in str(e.value)
+
+
+def test_the_docs_example_cell_is_the_cell_the_docs_matrix_produces(tmp_path: Path) -> None:
+    # Regression: docs/build.md's example cell line named a cell with another parameter
+    # order and another index than its own matrix produces.
+    text = (ROOT / "docs" / "build.md").read_text()
+    toml = re.search(r"```toml\n(.*?)```", text, re.S)
+    assert toml is not None
+    matrix = parse_matrix(toml.group(1), tmp_path / "matrix.toml")
+    line = re.search(r"It prints one JSON line on stdout:\n\n```json\n(.*?)```", text, re.S)
+    assert line is not None
+    example = json.loads(line.group(1).replace("…", ""))
+    cell = matrix.cells[example["index"]]
+    assert (cell.name, cell.target) == (example["cell"], example["target"])
+    named = re.search(r"the example's cell (\d+) is\s+`([^`]+)`", text)
+    assert named is not None and matrix.cells[int(named.group(1))].name == named.group(2)
