@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -216,6 +217,37 @@ def test_a_failing_capture_falls_back_to_uncaptured_runs(
     assert not loaded.cuda_graphs and "not permitted when stream is capturing" in str(loaded.cuda_graphs_reason)
     assert loaded.stats["fallbacks"] == 1 and loaded.stats["captures"] == 0 and loaded.stats["uncaptured_runs"] == 6
     assert any("capture of shape set [float32[4, 16]] failed" in r.getMessage() for r in caplog.records)
+
+
+def test_after_a_fallback_calls_still_run_one_at_a_time(graph: StoredCompiledGraph, weights: dict[str, Any]) -> None:
+    # The container was made single-threaded for capture: giving up capture must
+    # not let calls from several threads into it at once.
+    loaded = graph.load(weights, capture_backend=RecordingBackend(fail=RuntimeError("capture failed")))
+    for i in range(3):
+        loaded(x_of(4, i))
+    assert not loaded.cuda_graphs
+    run = loaded._capture._run
+    state = {"inside": 0, "most": 0}
+    guard = threading.Lock()
+
+    def watched(tensors: list[torch.Tensor]) -> Any:
+        with guard:
+            state["inside"] += 1
+            state["most"] = max(state["most"], state["inside"])
+        time.sleep(0.002)
+        try:
+            return run(tensors)
+        finally:
+            with guard:
+                state["inside"] -= 1
+
+    loaded._capture._run = watched
+    threads = [threading.Thread(target=lambda: [loaded(x_of(4, i)) for i in range(5)]) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert state["most"] == 1
 
 
 def test_rebind_drops_the_captures_and_warms_up_again(

@@ -241,8 +241,10 @@ class GraphCapture:
     ``run`` is the container's uncaptured run (a list of input tensors in, the
     output tensors out). ``backend`` is ``None`` where calls are never captured
     (``reason`` says why); every call then goes straight to ``run``, without a
-    lock, as before this module existed. ``timings`` is the loaded graph's dict:
-    ``capture`` is set to the duration of the last capture."""
+    lock, as before this module existed. With a backend the container runs
+    single-threaded, so every call takes the lock, also after a fallback.
+    ``timings`` is the loaded graph's dict: ``capture`` is set to the duration
+    of the last capture."""
 
     def __init__(
         self,
@@ -257,15 +259,14 @@ class GraphCapture:
         name: str = "",
     ) -> None:
         self._run = run
-        self._backend = backend if max_captures > 0 else None
+        self._backend = backend
+        self._serialised = backend is not None
         self._max = max_captures
         self._copy = outputs == "copy"
         self._timings = timings
         self._name = name
         #: Why calls are not captured (``None`` while they are).
-        self.reason: str | None = reason if self._backend is None else None
-        if backend is not None and max_captures == 0:
-            self.reason = "max_captures is 0"
+        self.reason: str | None = reason if backend is None else None
         self.stats: dict[str, float] = {
             "captures": 0,
             "replays": 0,
@@ -296,12 +297,14 @@ class GraphCapture:
 
     def run(self, tensors: list[Any], generation: int) -> list[Any]:
         """One call at binding ``generation``: uncaptured, captured or replayed."""
-        if self._backend is None:
+        if not self._serialised:
             self.stats["uncaptured_runs"] += 1
             return self._run(tensors)
-        with self._lock:
+        import torch
+
+        with self._lock, torch.no_grad():
             backend = self._backend
-            if backend is None:  # gave up while this call waited for the lock
+            if backend is None:  # after a fallback: uncaptured, still one call at a time
                 self.stats["uncaptured_runs"] += 1
                 return self._run(tensors)
             if generation != self._generation:
@@ -336,10 +339,10 @@ class GraphCapture:
 
     def drain(self) -> None:
         """Wait until the work of the last call is done (before the constants it read change)."""
-        if self._backend is None:
+        if not self._serialised:
             return
         with self._lock:
-            if self._fence is not None:
+            if self._backend is not None and self._fence is not None:
                 self._backend.drain(self._fence)
 
     def _capture(self, backend: CaptureBackend, key: tuple[Any, ...], tensors: list[Any]) -> _Entry:
@@ -468,6 +471,8 @@ def plan(
         return None, count, "cuda_graphs=False", False
     if backend is None and device.type != "cuda":
         return None, count, f"a {device.type} graph has no CUDA graphs", False
+    if count == 0:
+        return None, count, "max_captures is 0", False
     calls = stored.native_unsupported_calls
     if calls:
         names = sorted({str(c.get("call", c)) for c in calls})
