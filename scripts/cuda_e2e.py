@@ -325,7 +325,8 @@ def bench(
         result["latency"] = {
             "load_native_call_median_s": lat["call_median_s"],
             "load_call_median_s": lat_torch["call_median_s"],
-            "note": "one call of the bf16 block at batch 3, each followed by a device synchronisation; median of 200",
+            "note": "one call of the bf16 block at batch 3, each followed by a device synchronisation; median of 200; "
+            "load() replays a CUDA graph (its default since issue 32; --graphs compares with and without)",
         }
     except Exception as exc:
         result["latency_error"] = f"{type(exc).__name__}: {exc}"
