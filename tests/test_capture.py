@@ -298,6 +298,20 @@ def test_static_outputs_are_the_graphs_buffers_until_its_next_call(
     assert torch.equal(first, plain(x_of(4, 11)))  # overwritten by the next call, as documented
 
 
+def test_static_outputs_for_the_calls_of_a_block(
+    graph: StoredCompiledGraph, weights: dict[str, Any], plain: Any
+) -> None:
+    loaded = graph.load(weights, capture_backend=RecordingBackend())
+    for i in range(3):
+        loaded(x_of(4, i))
+    with loaded.static_outputs():
+        first = loaded(x_of(4, 10))
+        second = loaded(x_of(4, 11))
+    assert first.data_ptr() == second.data_ptr() and torch.equal(first, plain(x_of(4, 11)))
+    third = loaded(x_of(4, 12))
+    assert third.data_ptr() != second.data_ptr() and torch.equal(third, plain(x_of(4, 12)))
+
+
 def test_a_cpu_graph_never_captures_by_default(
     graph: StoredCompiledGraph, weights: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

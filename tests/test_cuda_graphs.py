@@ -11,6 +11,7 @@ Needs a CUDA device; skipped without one. ``scripts/cuda_e2e.py`` runs it.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -118,6 +119,28 @@ def test_rebind_drops_the_captures_and_replays_read_the_new_weights(minted: Any)
     del w1  # the first weights are gone: no capture may still read them
     torch.cuda.empty_cache()
     assert torch.equal(loaded(x), plain2(x))
+
+
+@pytest.mark.real_aoti
+def test_replays_read_weights_changed_in_place(minted: Any, tmp_path: Path) -> None:
+    # Bound from a checkpoint, the container reads the graph's own allocation in
+    # place: a change of values there keeps the generation, and replays see it.
+    from safetensors.torch import save_file
+
+    w = weights_of(1)
+    path = tmp_path / "w.safetensors"
+    save_file({k: v.cpu() for k, v in w.items()}, str(path))
+    loaded = minted.load(path)
+    x = x_of(4)
+    captured(loaded, x)
+    generation = loaded.binding_generation
+    with torch.no_grad():
+        loaded._bound["l1.weight"].mul_(0.5)
+    changed = dict(w, **{"l1.weight": w["l1.weight"] * 0.5})
+    y = loaded(x)
+    assert loaded.binding_generation == generation and loaded.stats["invalidated"] == 0
+    assert torch.equal(y, minted.load(changed, cuda_graphs=False)(x))
+    assert loaded.stats["replays"] == 2
 
 
 @pytest.mark.real_aoti

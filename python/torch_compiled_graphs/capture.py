@@ -27,12 +27,13 @@ the container and records what it did, so the logic is tested on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import BindingError
@@ -277,6 +278,7 @@ class GraphCapture:
             "uncaptured_runs": 0,
         }
         self._lock = threading.Lock()
+        self._local = threading.local()
         self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
         self._warm: OrderedDict[tuple[Any, ...], int] = OrderedDict()
         self._generation: int | None = None
@@ -333,9 +335,20 @@ class GraphCapture:
                     buffer.copy_(value)
             backend.replay(entry.handle)
             self.stats["replays"] += 1
-            outputs = [_copy(o) for o in entry.outputs] if self._copy else list(entry.outputs)
+            copy = self._copy and not getattr(self._local, "static", False)
+            outputs = [_copy(o) for o in entry.outputs] if copy else list(entry.outputs)
             self._fence = backend.fence()
             return outputs
+
+    @contextlib.contextmanager
+    def static_outputs(self) -> Iterator[None]:
+        """Calls of this thread in the block return the static outputs of a replay (no copy)."""
+        before = getattr(self._local, "static", False)
+        self._local.static = True
+        try:
+            yield
+        finally:
+            self._local.static = before
 
     def drain(self) -> None:
         """Wait until the work of the last call is done (before the constants it read change)."""

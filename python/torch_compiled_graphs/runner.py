@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -438,6 +439,12 @@ class LoadedGraph:
     def cuda_graphs_reason(self) -> str | None:
         """Why calls are not captured (``None`` while they are)."""
         return self._capture.reason
+
+    def static_outputs(self) -> AbstractContextManager[None]:
+        """Within ``with graph.static_outputs():``, calls of this thread return a replay's
+        output buffers without a copy, as ``cuda_graph_outputs="static"`` does: valid
+        only until the next call of this graph."""
+        return self._capture.static_outputs()
 
     @property
     def stats(self) -> dict[str, float]:
