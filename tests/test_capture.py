@@ -250,6 +250,48 @@ def test_after_a_fallback_calls_still_run_one_at_a_time(graph: StoredCompiledGra
     assert state["most"] == 1
 
 
+class _Loader:
+    """torch's package loader with its change of constants watched."""
+
+    def __init__(self, loader: Any, log: list[tuple[str, float, float]]) -> None:
+        self._loader, self._log = loader, log
+
+    def load_constants(self, *args: Any) -> Any:
+        start = time.perf_counter()
+        time.sleep(0.003)
+        try:
+            return self._loader.load_constants(*args)
+        finally:
+            self._log.append(("bind", start, time.perf_counter()))
+
+
+def test_rebind_never_changes_constants_while_a_call_runs(graph: StoredCompiledGraph, weights: dict[str, Any]) -> None:
+    loaded = graph.load(weights, capture_backend=RecordingBackend())
+    log: list[tuple[str, float, float]] = []
+    run = loaded._capture._run
+
+    def watched(tensors: list[torch.Tensor]) -> Any:
+        start = time.perf_counter()
+        time.sleep(0.003)
+        try:
+            return run(tensors)
+        finally:
+            log.append(("run", start, time.perf_counter()))
+
+    loaded._capture._run = watched
+    loaded._loader = _Loader(loaded._loader, log)
+    halves = {k: v * 0.5 for k, v in weights.items()}
+    caller = threading.Thread(target=lambda: [loaded(x_of(1 + i % 2, i)) for i in range(30)])
+    caller.start()
+    for i in range(10):
+        loaded.rebind(halves if i % 2 else weights)
+    caller.join()
+    binds = [(a, b) for kind, a, b in log if kind == "bind"]
+    runs = [(a, b) for kind, a, b in log if kind == "run"]
+    assert len(binds) == 10 and len(runs) >= 30
+    assert [(r, b) for r in runs for b in binds if r[0] < b[1] and b[0] < r[1]] == []
+
+
 def test_rebind_drops_the_captures_and_warms_up_again(
     graph: StoredCompiledGraph, weights: dict[str, Any], plain: Any
 ) -> None:

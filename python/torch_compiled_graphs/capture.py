@@ -350,13 +350,18 @@ class GraphCapture:
         finally:
             self._local.static = before
 
-    def drain(self) -> None:
-        """Wait until the work of the last call is done (before the constants it read change)."""
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """A block no call of this graph runs beside, entered once the work of the last
+        call is done: where the constants change. A threaded container (no capture)
+        orders a change of constants with its runs itself."""
         if not self._serialised:
+            yield
             return
         with self._lock:
             if self._backend is not None and self._fence is not None:
                 self._backend.drain(self._fence)
+            yield
 
     def _capture(self, backend: CaptureBackend, key: tuple[Any, ...], tensors: list[Any]) -> _Entry:
         import torch

@@ -348,7 +348,6 @@ class LoadedGraph:
 
         package, metadata = os.fspath(self._stored.package_path), self._stored.metadata
         timings: dict[str, float] = {}
-        self._capture.drain()  # no replay still reads the constants about to be replaced
         from_files = isinstance(weights, (str, os.PathLike, list, tuple))
         if from_files:
             # Read by the weights pipeline straight into one allocation: only
@@ -388,12 +387,13 @@ class LoadedGraph:
         # The pipeline's allocation is the graph's own (user_managed: the
         # container keeps it without a copy, `self._bound` keeps it alive);
         # a module's tensors are copied, so later changes to it stay its own.
-        self._loader.load_constants(bound, False, True, from_files)
+        with self._capture.exclusive():  # no call, and no replay in flight, while constants change
+            self._loader.load_constants(bound, False, True, from_files)
+            self._binding_generation += 1
         timings["bind_weights"] = time.perf_counter() - started
         self._bound = bound
         self.ignored_constants, self.outside_prefix = list(plan["ignored"]), outside
         self.timings.update(timings)
-        self._binding_generation += 1
         from .native import _log_timings
 
         _log_timings(f"load {self._stored.key}", timings)
