@@ -292,6 +292,23 @@ def test_rebind_never_changes_constants_while_a_call_runs(graph: StoredCompiledG
     assert [(r, b) for r in runs for b in binds if r[0] < b[1] and b[0] < r[1]] == []
 
 
+def test_calls_inside_a_capture_of_the_callers_own_run_uncaptured(
+    graph: StoredCompiledGraph, weights: dict[str, Any], plain: Any
+) -> None:
+    backend = RecordingBackend()
+    loaded = graph.load(weights, capture_backend=backend)
+    for i in range(3):
+        loaded(x_of(4, i))
+    events = list(backend.events)
+    backend.outer = True
+    for i in range(4):
+        assert torch.equal(loaded(x_of(4, 10 + i)), plain(x_of(4, 10 + i)))
+    assert backend.events == events and loaded.stats["uncaptured_runs"] == WARMUP_RUNS + 4
+    backend.outer = False
+    loaded(x_of(4, 20))
+    assert kinds(backend)[-1] == "replay"
+
+
 def test_rebind_drops_the_captures_and_warms_up_again(
     graph: StoredCompiledGraph, weights: dict[str, Any], plain: Any
 ) -> None:

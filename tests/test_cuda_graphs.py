@@ -253,6 +253,23 @@ def test_a_failing_capture_falls_back_and_leaves_the_device_usable(minted: Any) 
 
 
 @pytest.mark.real_aoti
+def test_a_call_inside_the_callers_own_capture_is_captured_by_it(minted: Any) -> None:
+    w = weights_of(1)
+    loaded, plain = minted.load(w), minted.load(w, cuda_graphs=False)
+    static_x = x_of(4).clone()
+    captured(loaded, static_x)
+    outer = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(outer):
+        y = loaded(static_x)  # runs the container into the caller's capture
+    for i in range(3):
+        static_x.copy_(x_of(4, 10 + i))
+        outer.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, plain(x_of(4, 10 + i)))
+    assert loaded.cuda_graphs and loaded.stats["fallbacks"] == 0
+
+
+@pytest.mark.real_aoti
 def test_the_environment_turns_capture_off_on_a_gpu(minted: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_CUDA_GRAPHS, "0")
     loaded = minted.load(weights_of(1))

@@ -93,6 +93,9 @@ class CaptureBackend(Protocol):
     def replay(self, handle: object) -> None:
         """Replay a capture on the caller's current stream: it rewrites the static outputs."""
 
+    def capturing(self) -> bool:
+        """Whether the caller's current stream is being captured by the caller."""
+
     def fence(self) -> object:
         """Mark the end of the work just queued on the caller's current stream."""
 
@@ -147,6 +150,11 @@ class CudaGraphBackend:
     def replay(self, handle: object) -> None:
         handle.replay()  # type: ignore[attr-defined]
 
+    def capturing(self) -> bool:
+        import torch
+
+        return bool(torch.cuda.is_current_stream_capturing())
+
     def fence(self) -> object:
         import torch
 
@@ -178,13 +186,15 @@ class RecordingBackend:
     runs again and writes the result into them, as a CUDA graph's replay
     writes its output buffers, reading the live constants. ``events`` records
     what was done: ``("pool",)``, ``("capture", shapes)``, ``("replay", shapes)``,
-    ``("drain",)``. ``fail`` makes every capture raise it (a capture that fails)."""
+    ``("drain",)``. ``fail`` makes every capture raise it (a capture that fails);
+    ``outer`` stands for a capture of the caller's own around the calls."""
 
     name = "recording"
 
     def __init__(self, *, fail: BaseException | None = None) -> None:
         self.events: list[tuple[Any, ...]] = []
         self.fail = fail
+        self.outer = False
 
     def pool(self) -> object:
         self.events.append(("pool",))
@@ -203,6 +213,9 @@ class RecordingBackend:
         for static, value in zip(handle.outputs, handle.run(), strict=True):
             static.copy_(value)
         self.events.append(("replay", [tuple(o.shape) for o in handle.outputs]))
+
+    def capturing(self) -> bool:
+        return self.outer
 
     def fence(self) -> object:
         # Work on the CPU is done when the call returns: the fence only marks that
@@ -306,7 +319,9 @@ class GraphCapture:
 
         with self._lock, torch.no_grad():
             backend = self._backend
-            if backend is None:  # after a fallback: uncaptured, still one call at a time
+            if backend is None or backend.capturing():
+                # After a fallback: uncaptured, still one call at a time. Inside a capture
+                # of the caller's own: its capture records the container's kernels.
                 self.stats["uncaptured_runs"] += 1
                 return self._run(tensors)
             if generation != self._generation:
