@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from . import _native
 from .errors import BindingError
 
 if TYPE_CHECKING:
+    from .capture import CaptureBackend
     from .dropin import GraphModule
     from .engine import StoredCompiledGraph
 
@@ -221,9 +223,14 @@ class LoadedGraph:
         device: object = None,
         strip_prefix: str = "",
         add_prefix: str = "",
+        cuda_graphs: bool | None = None,
+        max_captures: int | None = None,
+        cuda_graph_outputs: str = "copy",
+        capture_backend: CaptureBackend | None = None,
     ) -> None:
         import torch
 
+        from . import capture
         from .native import _naming
 
         self._stored = stored
@@ -241,6 +248,14 @@ class LoadedGraph:
         self._first_call_pending = True
         started = time.perf_counter()
         self.device = _device(stored, device)
+        backend, max_captures, reason, fallback = capture.plan(
+            stored,
+            self.device,
+            cuda_graphs=cuda_graphs,
+            max_captures=max_captures,
+            outputs=cuda_graph_outputs,
+            backend=capture_backend,
+        )
         # A .so that carries its own C++ runtime crashes torch's package loader:
         # refused before the loader sees it.
         _native.package_check_torch_loader(os.fspath(stored.package_path), stored.graph_class)
@@ -249,8 +264,11 @@ class LoadedGraph:
         try:
             # (path, entry, run_single_threaded, num_runners, device_index): positional, the
             # form torch 2.11 and 2.15 share (2.15 adds use_stream_affinity, default False).
+            # A captured graph runs single-threaded: the threaded run records an event
+            # per run that a capture turns into one the container can no longer query;
+            # calls are serialised by the capture's lock instead.
             self._loader = torch._C._aoti.AOTIModelPackageLoader(
-                os.fspath(stored.package_path), stored.graph_class, False, 1, index
+                os.fspath(stored.package_path), stored.graph_class, backend is not None, 1, index
             )
         except Exception as exc:
             raise BindingError(
@@ -286,6 +304,19 @@ class LoadedGraph:
 
             self._out_records = _parse_spec(out_spec, "output", records=True, unsupported="run.spec_unsupported")
         self._kwarg_names: list[str] = list(self._in_spec.child(1).context or [])
+        #: Bumped by every change of which memory the container reads for its
+        #: constants; captures of another generation are dropped (docs/run.md).
+        self._binding_generation = 0
+        self._capture = capture.GraphCapture(
+            self._loader.boxed_run,
+            backend,
+            max_captures=max_captures,
+            outputs=cuda_graph_outputs,
+            timings=self.timings,
+            reason=reason,
+            fallback=fallback,
+            name=f"load {stored.key}",
+        )
         self.rebind(weights)
         self.timings["load_total"] = time.perf_counter() - started
 
@@ -356,7 +387,9 @@ class LoadedGraph:
         # The pipeline's allocation is the graph's own (user_managed: the
         # container keeps it without a copy, `self._bound` keeps it alive);
         # a module's tensors are copied, so later changes to it stay its own.
-        self._loader.load_constants(bound, False, True, from_files)
+        with self._capture.exclusive():  # no call, and no replay in flight, while constants change
+            self._loader.load_constants(bound, False, True, from_files)
+            self._binding_generation += 1
         timings["bind_weights"] = time.perf_counter() - started
         self._bound = bound
         self.ignored_constants, self.outside_prefix = list(plan["ignored"]), outside
@@ -382,7 +415,7 @@ class LoadedGraph:
         self._check_inputs(flat)
         tensors = self._placed(flat)
         started = time.perf_counter() if self._first_call_pending else 0.0
-        outputs = self._loader.boxed_run(tensors)
+        outputs = self._capture.run(tensors, self._binding_generation)
         if self._first_call_pending:
             self._first_call_pending = False
             self.timings["first_call"] = time.perf_counter() - started
@@ -391,6 +424,34 @@ class LoadedGraph:
 
             return _unflatten(self._out_records, iter(outputs))
         return self._pytree.tree_unflatten(outputs, self._out_spec)
+
+    @property
+    def binding_generation(self) -> int:
+        """Bumped by every change of which memory the container reads for its constants."""
+        return self._binding_generation
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether calls are captured as CUDA graphs and replayed (docs/run.md, "CUDA graphs")."""
+        return self._capture.active
+
+    @property
+    def cuda_graphs_reason(self) -> str | None:
+        """Why calls are not captured (``None`` while they are)."""
+        return self._capture.reason
+
+    def static_outputs(self) -> AbstractContextManager[None]:
+        """Within ``with graph.static_outputs():``, calls of this thread return a replay's
+        output buffers without a copy, as ``cuda_graph_outputs="static"`` does: valid
+        only until the next call of this graph."""
+        return self._capture.static_outputs()
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Counters of the calls: ``captures``, ``replays``, ``evictions``, ``invalidated``
+        (captures dropped by a binding change), ``fallbacks``, ``capture_seconds`` (in
+        total) and ``uncaptured_runs``."""
+        return dict(self._capture.stats)
 
     def _input_name(self, position: int) -> str:
         pytree = self._stored.metadata["graph_class"]["graph"].get("pytree", {})
@@ -498,9 +559,10 @@ class LoadedGraph:
         return f"LoadedGraph(key={self._stored.key!r}, device={str(self.device)!r})"
 
 
-def load(stored: StoredCompiledGraph, weights: object, *, device: object = None) -> LoadedGraph:
-    """Load ``stored`` and bind ``weights`` (an ``nn.Module``, a state_dict or a checkpoint path)."""
-    return LoadedGraph(stored, weights, device=device)
+def load(stored: StoredCompiledGraph, weights: object, *, device: object = None, **options: Any) -> LoadedGraph:
+    """Load ``stored`` and bind ``weights`` (an ``nn.Module``, a state_dict or a checkpoint path);
+    ``options`` are :meth:`StoredCompiledGraph.load`'s."""
+    return LoadedGraph(stored, weights, device=device, **options)
 
 
 def write_weights(
