@@ -236,14 +236,15 @@ fn package_check_torch_loader(py: Python<'_>, package: PathBuf, entry: String) -
 
 /// The C++-runtime symbols the entry's `.so` defines: empty for a `.so` that
 /// uses the process's runtime (or none); non-empty for one that carries its
-/// own, which `load()` and parity run through the torch-free runner.
+/// own, which `load()` and parity run through the torch-free runner. A
+/// package it cannot read is `run.package_invalid`.
 #[pyfunction]
 fn package_own_cxx_runtime(
     py: Python<'_>,
     package: PathBuf,
     entry: String,
 ) -> PyResult<Vec<String>> {
-    py.detach(|| artifact::package::own_cxx_runtime(&package, &entry))
+    py.detach(|| artifact::package::own_cxx_runtime_to_load(&package, &entry))
         .py()
 }
 

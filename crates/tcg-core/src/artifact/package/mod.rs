@@ -665,15 +665,10 @@ pub fn own_cxx_runtime(path: &Path, entry: &str) -> Result<Vec<String>> {
     })
 }
 
-/// Whether torch's package loader (`AOTIModelPackageLoader`) can load the
-/// package at `path`: refused (`run.loader_unsupported`) only when its `.so`
-/// is proven to carry its own C++ runtime ([`own_cxx_runtime`]), which
-/// crashes that loader in its constructor (seen with torch 2.11 and GCC
-/// 13.3). Every other `.so` is accepted, whatever its `DT_NEEDED` says.
-/// `load()` and parity at mint run such a package through the torch-free
-/// runner instead (docs/run.md).
-pub fn check_torch_loader(path: &Path, entry: &str) -> Result<()> {
-    let own = own_cxx_runtime(path, entry).map_err(|e| {
+/// [`own_cxx_runtime`] for a load: a package it cannot read is
+/// `run.package_invalid` (I/O errors stay I/O errors), as a loader reports it.
+pub fn own_cxx_runtime_to_load(path: &Path, entry: &str) -> Result<Vec<String>> {
+    own_cxx_runtime(path, entry).map_err(|e| {
         if e.kind() == crate::Kind::Io {
             e
         } else {
@@ -682,7 +677,18 @@ pub fn check_torch_loader(path: &Path, entry: &str) -> Result<()> {
                 format!("cannot load entry {entry:?}: {}", e.message()),
             )
         }
-    })?;
+    })
+}
+
+/// Whether torch's package loader (`AOTIModelPackageLoader`) can load the
+/// package at `path`: refused (`run.loader_unsupported`) only when its `.so`
+/// is proven to carry its own C++ runtime ([`own_cxx_runtime`]), which
+/// crashes that loader in its constructor (seen with torch 2.11 and GCC
+/// 13.3). Every other `.so` is accepted, whatever its `DT_NEEDED` says.
+/// `load()` and parity at mint run such a package through the torch-free
+/// runner instead (docs/run.md).
+pub fn check_torch_loader(path: &Path, entry: &str) -> Result<()> {
+    let own = own_cxx_runtime_to_load(path, entry)?;
     if own.is_empty() {
         return Ok(());
     }
