@@ -652,9 +652,9 @@ def realmodels(site: Path, work: Path, workers: int, only: str | None = None) ->
 
 def static_runtime(site: Path, work: Path) -> dict[str, object]:
     """The device's default CXX links libstdc++ statically, and torch's package loader
-    crashes on such packages (in the minting process too): the mint now refuses with a
-    code before the loader sees the package (its parity check cannot run), and
-    ``load()`` of such a package refuses with ``run.loader_unsupported``."""
+    crashes on such packages (in the minting process too): the mint must succeed (parity
+    through the torch-free runner, recorded as ``parity.runner``), and ``load()`` and
+    ``load_native`` must run the artifact and agree with eager (issue 31)."""
     code = """
 import json, os, sys, torch
 from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
@@ -676,12 +676,30 @@ tc = record_toolchain()
 key = RuntimeCompatibility(sm, toolchain=tc).key(spec.declare())
 out = {"cxx": os.environ.get("CXX")}
 try:
-    Engine(os.path.join(work, "store")).ensure(key, os.path.join(work, "out"), target=sm, toolchain=tc,
-                                               recipe=lambda: spec)
+    result = Engine(os.path.join(work, "store")).ensure(key, os.path.join(work, "out"), target=sm, toolchain=tc,
+                                                        recipe=lambda: spec)
     out["mint"] = "minted"
 except CompileError as e:
     out["mint"] = e.code
     out["message"] = str(e)[:600]
+    print(json.dumps(out))
+    sys.exit(0)
+from safetensors.torch import save_file
+from torch.utils.dlpack import from_dlpack
+from torch_compiled_graphs import _native
+g = result.compiled_graph
+out["own_cxx_runtime"] = _native.package_own_cxx_runtime(str(g.package_path), g.graph_class)
+out["parity_runner"] = g.mint_record["parity"].get("runner")
+with torch.no_grad():
+    want = m(x)
+loaded = g.load(m)
+out["load_runner"] = loaded.runner
+out["load_max_abs"] = float((loaded(x) - want).abs().max())
+w = os.path.join(work, "w.safetensors")
+save_file({k: v.detach().cpu().contiguous() for k, v in m.state_dict().items()}, w)
+native = g.load_native(w, device="cuda:0")
+out["load_native_max_abs"] = float((from_dlpack(native(x)) - want).abs().max())
+out["ok"] = max(out["load_max_abs"], out["load_native_max_abs"]) < 1e-3
 print(json.dumps(out))
 """
     env = child_env(site)

@@ -94,6 +94,7 @@ def test_the_mint_checks_parity_and_records_the_figures_outside_the_metadata(min
     assert record is not None and record["format"] == "tcg-mint-record-v1"
     parity = record["parity"]
     assert parity["status"] == "passed" and parity["inputs"] == "example_inputs"
+    assert parity["runner"] == "torch"  # the .so uses the process's C++ runtime
     (leaf,) = parity["leaves"]
     assert leaf["path"] == "" and leaf["dtype"] == "float32" and leaf["shape"] == [2, 4] and leaf["numel"] == 8
     assert (leaf["atol"], leaf["rtol"]) == _parity.TOLERANCES["float32"]

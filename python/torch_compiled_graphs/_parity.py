@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import CompileError
 
-__all__ = ["TOLERANCES", "check_parity", "run_compiled", "tolerance"]
+__all__ = ["TOLERANCES", "check_parity", "compiled_runner", "run_compiled", "tolerance"]
 
 #: ``(atol, rtol)`` by dtype. An element passes when
 #: ``|compiled - eager| <= atol + rtol * |eager|`` (torch.testing's rule): each
@@ -58,21 +58,33 @@ def run_compiled(
     """Load entry ``entry`` of ``package``, bind ``constants`` by fqn (a full update) and run it once on ``inputs``.
 
     The compiled side of the parity check (tests replace it to provoke a mismatch).
+    It runs through torch's package loader, or, for a ``.so`` that carries its
+    own C++ runtime (which crashes that loader), through the torch-free runner
+    that ``load()`` uses for such a package (:func:`compiled_runner`).
     """
     import torch
 
     from . import _native
     from .errors import BindingError
 
-    # A .so that carries its own C++ runtime crashes torch's package loader (the
-    # minting process with it): refused before the loader sees it.
+    loader: Any
     try:
-        _native.package_check_torch_loader(os.fspath(package), entry)
+        if compiled_runner(package, entry) == "native":
+            from ._native_loader import NativeLoader
+
+            if device_index < 0:
+                sm = _native.cpu_sm()
+            else:
+                major, minor = torch.cuda.get_device_capability(device_index)
+                sm = f"sm_{major}{minor}"
+            rows = _native.package_constant_table(os.fspath(package))
+            loader = NativeLoader(package, entry, device_index, sm, rows)
+        else:
+            # (path, entry, run_single_threaded, num_runners, device_index): the positional
+            # form torch 2.11 and 2.15 share, as in runner.py.
+            loader = torch._C._aoti.AOTIModelPackageLoader(os.fspath(package), entry, False, 1, device_index)
     except BindingError as exc:
         raise _unavailable(f"{exc} (the compiled graph cannot be run here to check it against eager)") from exc
-    # (path, entry, run_single_threaded, num_runners, device_index): the positional
-    # form torch 2.11 and 2.15 share, as in runner.py.
-    loader = torch._C._aoti.AOTIModelPackageLoader(os.fspath(package), entry, False, 1, device_index)
     wanted = list(loader.get_constant_fqns())
     missing = [fqn for fqn in wanted if fqn not in constants]
     if missing:
@@ -81,6 +93,20 @@ def run_compiled(
     loader.load_constants(bound, False, True)
     outputs = loader.boxed_run(list(inputs))
     return list(outputs)
+
+
+def compiled_runner(package: str | os.PathLike[str], entry: str) -> str:
+    """What runs the compiled side of the check: ``"native"`` (the torch-free runner) when
+    the package's ``.so`` carries its own C++ runtime, else ``"torch"`` (torch's package
+    loader). Recorded in the mint record as ``parity.runner``."""
+    from . import _native
+    from .errors import CompiledGraphError
+
+    try:
+        own = _native.package_own_cxx_runtime(os.fspath(package), entry)
+    except CompiledGraphError as exc:  # a .so the ELF reader refuses (artifact.elf_invalid, ...)
+        raise _unavailable(f"{exc} (the compiled graph cannot be loaded to check it against eager)") from exc
+    return "native" if own else "torch"
 
 
 def _clone(tree: Any) -> Any:
@@ -363,4 +389,4 @@ def _check_parity_full_precision(
             + "; ".join(failures),
             "mint.parity_failed",
         )
-    return {"inputs": "example_inputs", "leaves": leaves, "status": "passed"}
+    return {"inputs": "example_inputs", "leaves": leaves, "runner": compiled_runner(package, entry), "status": "passed"}

@@ -256,24 +256,36 @@ class LoadedGraph:
             outputs=cuda_graph_outputs,
             backend=capture_backend,
         )
-        # A .so that carries its own C++ runtime crashes torch's package loader:
-        # refused before the loader sees it.
-        _native.package_check_torch_loader(os.fspath(stored.package_path), stored.graph_class)
         self._rows: dict[str, Mapping[str, Any]] = {row["fqn"]: row for row in stored.constants}
         index = -1 if self.device.type == "cpu" else int(self.device.index)
-        try:
-            # (path, entry, run_single_threaded, num_runners, device_index): positional, the
-            # form torch 2.11 and 2.15 share (2.15 adds use_stream_affinity, default False).
-            # A captured graph runs single-threaded: the threaded run records an event
-            # per run that a capture turns into one the container can no longer query;
-            # calls are serialised by the capture's lock instead.
-            self._loader = torch._C._aoti.AOTIModelPackageLoader(
-                os.fspath(stored.package_path), stored.graph_class, backend is not None, 1, index
-            )
-        except Exception as exc:
-            raise BindingError(
-                f"cannot load {stored.package_path} entry {stored.graph_class!r}: {exc}", "run.package_invalid"
-            ) from exc
+        from ._native_loader import NativeLoader, needs_native_loader
+
+        #: What runs the graph: ``"torch"`` (torch's package loader) or ``"native"``
+        #: (the torch-free runner, for a .so that carries its own C++ runtime, which
+        #: crashes torch's loader; docs/run.md, "Which loader runs a package").
+        self.runner = "native" if needs_native_loader(stored.package_path, stored.graph_class) else "torch"
+        self._loader: Any
+        if self.runner == "native":
+            if backend is not None:
+                # The torch-free runner's container runs threaded (an event per run,
+                # which a capture would leave unqueryable): not captured yet.
+                backend, reason, fallback = None, "the torch-free runner's calls are not captured", True
+            # Typed refusals (BindingError) of the runner pass through as they are.
+            self._loader = NativeLoader(stored.package_path, stored.graph_class, index, stored.sm, stored.constants)
+        else:
+            try:
+                # (path, entry, run_single_threaded, num_runners, device_index): positional, the
+                # form torch 2.11 and 2.15 share (2.15 adds use_stream_affinity, default False).
+                # A captured graph runs single-threaded: the threaded run records an event
+                # per run that a capture turns into one the container can no longer query;
+                # calls are serialised by the capture's lock instead.
+                self._loader = torch._C._aoti.AOTIModelPackageLoader(
+                    os.fspath(stored.package_path), stored.graph_class, backend is not None, 1, index
+                )
+            except Exception as exc:
+                raise BindingError(
+                    f"cannot load {stored.package_path} entry {stored.graph_class!r}: {exc}", "run.package_invalid"
+                ) from exc
         self.timings["create_container"] = time.perf_counter() - started
         needed = set(self._loader.get_constant_fqns())
         if needed != set(self._rows):
