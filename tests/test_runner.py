@@ -152,3 +152,20 @@ def test_a_package_that_disagrees_with_its_metadata_is_refused(
     with pytest.raises(BindingError) as e:
         StoredCompiledGraph(graph.key, graph.path, renamed, graph.manifest).load(weights)
     assert e.value.code == "run.package_invalid"
+
+
+def test_an_input_on_another_device_is_refused_before_the_run(
+    graph: StoredCompiledGraph, weights: dict[str, Any]
+) -> None:
+    """The container reads every input as memory of the graph's device: a tensor
+    elsewhere (here a meta tensor, which has no memory at all) is refused with the
+    argument and both devices named, never handed over (issue: a CPU timestep fed
+    to a CUDA graph aborted the process)."""
+    loaded = graph.load(weights)
+    with pytest.raises(BindingError) as e:
+        loaded(torch.empty(4, 16, device="meta"))
+    assert e.value.code == "run.call_invalid"
+    assert "meta" in str(e.value) and "cpu" in str(e.value)
+    # The module takes the same call once the tensor is where the graph runs.
+    io = load_file(FIXTURE / "mlp-cpu.io.safetensors")
+    torch.testing.assert_close(loaded(io["x"]), io["y"], rtol=1e-5, atol=1e-6)

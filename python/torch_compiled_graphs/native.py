@@ -585,6 +585,17 @@ class NativeGraph:
                 if (lo is not None and size < lo) or (hi is not None and size > hi):
                     raise BindingError(f"input {path} has size {size} at dimension {k}, outside [{lo}, {hi}]", bad)
 
+    def _check_device(self, path: str, device: str) -> None:
+        """A tensor on the graph's device runs in place and host memory is copied to it
+        (the native path's contract for numpy arrays); a tensor on any other device is
+        refused before the run (``run.call_invalid``), never read through a pointer of
+        another address space."""
+        if device != self.device and device != "cpu":
+            raise BindingError(
+                f"input {path} is on {device}, the graph runs on {self.device}: move it there first",
+                "run.call_invalid",
+            )
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run with the original module's ``(args, kwargs)`` convention; arrays in, arrays out."""
         flat: list[tuple[str, Any]] = []
@@ -604,6 +615,7 @@ class NativeGraph:
             if not hasattr(value, "__array_interface__") and hasattr(value, "__dlpack__"):
                 taken = _dlpack(path, value, self._stream)
                 self._check(n, path, taken.dtype, list(taken.shape), bound)
+                self._check_device(path, taken.device)
                 inputs.append(taken)
                 keep.append(value)
                 continue

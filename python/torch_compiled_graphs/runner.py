@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from . import _native
 from .errors import BindingError
 
 if TYPE_CHECKING:
+    from .capture import CaptureBackend
     from .dropin import GraphModule
     from .engine import StoredCompiledGraph
 
@@ -274,9 +276,14 @@ class LoadedGraph:
         device: object = None,
         strip_prefix: str = "",
         add_prefix: str = "",
+        cuda_graphs: bool | None = None,
+        max_captures: int | None = None,
+        cuda_graph_outputs: str = "copy",
+        capture_backend: CaptureBackend | None = None,
     ) -> None:
         import torch
 
+        from . import capture
         from .native import _naming
 
         self._stored = stored
@@ -294,21 +301,44 @@ class LoadedGraph:
         self._first_call_pending = True
         started = time.perf_counter()
         self.device = _device(stored, device)
-        # A .so that carries its own C++ runtime crashes torch's package loader:
-        # refused before the loader sees it.
-        _native.package_check_torch_loader(os.fspath(stored.package_path), stored.graph_class)
+        backend, max_captures, reason, fallback = capture.plan(
+            stored,
+            self.device,
+            cuda_graphs=cuda_graphs,
+            max_captures=max_captures,
+            outputs=cuda_graph_outputs,
+            backend=capture_backend,
+        )
         self._rows: dict[str, Mapping[str, Any]] = {row["fqn"]: row for row in stored.constants}
         index = -1 if self.device.type == "cpu" else int(self.device.index)
-        try:
-            # (path, entry, run_single_threaded, num_runners, device_index): positional, the
-            # form torch 2.11 and 2.15 share (2.15 adds use_stream_affinity, default False).
-            self._loader = torch._C._aoti.AOTIModelPackageLoader(
-                os.fspath(stored.package_path), stored.graph_class, False, 1, index
-            )
-        except Exception as exc:
-            raise BindingError(
-                f"cannot load {stored.package_path} entry {stored.graph_class!r}: {exc}", "run.package_invalid"
-            ) from exc
+        from ._native_loader import NativeLoader, needs_native_loader
+
+        #: What runs the graph: ``"torch"`` (torch's package loader) or ``"native"``
+        #: (the torch-free runner, for a .so that carries its own C++ runtime, which
+        #: crashes torch's loader; docs/run.md, "Which loader runs a package").
+        self.runner = "native" if needs_native_loader(stored.package_path, stored.graph_class) else "torch"
+        self._loader: Any
+        if self.runner == "native":
+            if backend is not None:
+                # The torch-free runner's container runs threaded (an event per run,
+                # which a capture would leave unqueryable): not captured yet.
+                backend, reason, fallback = None, "the torch-free runner's calls are not captured", True
+            # Typed refusals (BindingError) of the runner pass through as they are.
+            self._loader = NativeLoader(stored.package_path, stored.graph_class, index, stored.sm, stored.constants)
+        else:
+            try:
+                # (path, entry, run_single_threaded, num_runners, device_index): positional, the
+                # form torch 2.11 and 2.15 share (2.15 adds use_stream_affinity, default False).
+                # A captured graph runs single-threaded: the threaded run records an event
+                # per run that a capture turns into one the container can no longer query;
+                # calls are serialised by the capture's lock instead.
+                self._loader = torch._C._aoti.AOTIModelPackageLoader(
+                    os.fspath(stored.package_path), stored.graph_class, backend is not None, 1, index
+                )
+            except Exception as exc:
+                raise BindingError(
+                    f"cannot load {stored.package_path} entry {stored.graph_class!r}: {exc}", "run.package_invalid"
+                ) from exc
         self.timings["create_container"] = time.perf_counter() - started
         needed = set(self._loader.get_constant_fqns())
         if needed != set(self._rows):
@@ -339,6 +369,19 @@ class LoadedGraph:
 
             self._out_records = _parse_spec(out_spec, "output", records=True, unsupported="run.spec_unsupported")
         self._kwarg_names: list[str] = list(self._in_spec.child(1).context or [])
+        #: Bumped by every change of which memory the container reads for its
+        #: constants; captures of another generation are dropped (docs/run.md).
+        self._binding_generation = 0
+        self._capture = capture.GraphCapture(
+            self._loader.boxed_run,
+            backend,
+            max_captures=max_captures,
+            outputs=cuda_graph_outputs,
+            timings=self.timings,
+            reason=reason,
+            fallback=fallback,
+            name=f"load {stored.key}",
+        )
         self.rebind(weights)
         self.timings["load_total"] = time.perf_counter() - started
 
@@ -392,7 +435,9 @@ class LoadedGraph:
         # The pipeline's allocation is the graph's own (user_managed: the
         # container keeps it without a copy, `self._bound` keeps it alive);
         # a module's tensors are copied, so later changes to it stay its own.
-        self._loader.load_constants(bound, False, True, from_files)
+        with self._capture.exclusive():  # no call, and no replay in flight, while constants change
+            self._loader.load_constants(bound, False, True, from_files)
+            self._binding_generation += 1
         timings["bind_weights"] = time.perf_counter() - started
         self._bound = bound
         self.ignored_constants, self.outside_prefix = list(plan["ignored"]), outside
@@ -403,7 +448,6 @@ class LoadedGraph:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the graph with the original module's ``(args, kwargs)`` convention."""
-        import torch
 
         if sorted(kwargs) != sorted(self._kwarg_names):
             raise BindingError(
@@ -416,10 +460,10 @@ class LoadedGraph:
                 f"call arguments have structure {spec}, the graph was exported with {self._in_spec}",
                 "run.call_invalid",
             )
-        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         self._check_inputs(flat)
+        tensors = self._placed(flat)
         started = time.perf_counter() if self._first_call_pending else 0.0
-        outputs = self._loader.boxed_run(tensors)
+        outputs = self._capture.run(tensors, self._binding_generation)
         if self._first_call_pending:
             self._first_call_pending = False
             self.timings["first_call"] = time.perf_counter() - started
@@ -428,6 +472,70 @@ class LoadedGraph:
 
             return _unflatten(self._out_records, iter(outputs))
         return self._pytree.tree_unflatten(outputs, self._out_spec)
+
+    @property
+    def binding_generation(self) -> int:
+        """Bumped by every change of which memory the container reads for its constants."""
+        return self._binding_generation
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether calls are captured as CUDA graphs and replayed (docs/run.md, "CUDA graphs")."""
+        return self._capture.active
+
+    @property
+    def cuda_graphs_reason(self) -> str | None:
+        """Why calls are not captured (``None`` while they are)."""
+        return self._capture.reason
+
+    def static_outputs(self) -> AbstractContextManager[None]:
+        """Within ``with graph.static_outputs():``, calls of this thread return a replay's
+        output buffers without a copy, as ``cuda_graph_outputs="static"`` does: valid
+        only until the next call of this graph."""
+        return self._capture.static_outputs()
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Counters of the calls: ``captures``, ``replays``, ``evictions``, ``invalidated``
+        (captures dropped by a binding change), ``fallbacks``, ``capture_seconds`` (in
+        total) and ``uncaptured_runs``."""
+        return dict(self._capture.stats)
+
+    def _input_name(self, position: int) -> str:
+        pytree = self._stored.metadata["graph_class"]["graph"].get("pytree", {})
+        ingress = pytree.get("ingress") if isinstance(pytree, dict) else None
+        if isinstance(ingress, dict):
+            for row in ingress.get("inputs", ()):
+                if int(row["position"]) == position:
+                    return f"input {row['name']!r}"
+        return f"argument {position} of the flattened call"
+
+    def _placed(self, flat: list[Any]) -> list[Any]:
+        """The call's tensors, each on the graph's device: the container reads every
+        input as memory of that device, so a tensor elsewhere would be read through a
+        pointer of another address space (an illegal access that aborts the process on
+        a GPU). What an eager module takes, the graph takes: a 0-d CPU tensor (a
+        pipeline's timestep) is moved to the device, as torch's own ops accept a CPU
+        scalar beside CUDA tensors; any other tensor on another device is refused
+        (``run.call_invalid``) before the run."""
+        import torch
+
+        placed = []
+        for position, value in enumerate(flat):
+            if not isinstance(value, torch.Tensor):
+                continue
+            device = value.device
+            if device != self.device:
+                if device.type == "cpu" and value.dim() == 0:
+                    value = value.to(self.device)
+                else:
+                    raise BindingError(
+                        f"{self._input_name(position)} is on {device}, the graph runs on {self.device}: "
+                        f"move it with .to({str(self.device)!r})",
+                        "run.call_invalid",
+                    )
+            placed.append(value)
+        return placed
 
     def _check_inputs(self, flat: list[Any]) -> None:
         """The call's tensors against the call ingress: a tensor exactly where the graph
@@ -499,9 +607,10 @@ class LoadedGraph:
         return f"LoadedGraph(key={self._stored.key!r}, device={str(self.device)!r})"
 
 
-def load(stored: StoredCompiledGraph, weights: object, *, device: object = None) -> LoadedGraph:
-    """Load ``stored`` and bind ``weights`` (an ``nn.Module``, a state_dict or a checkpoint path)."""
-    return LoadedGraph(stored, weights, device=device)
+def load(stored: StoredCompiledGraph, weights: object, *, device: object = None, **options: Any) -> LoadedGraph:
+    """Load ``stored`` and bind ``weights`` (an ``nn.Module``, a state_dict or a checkpoint path);
+    ``options`` are :meth:`StoredCompiledGraph.load`'s."""
+    return LoadedGraph(stored, weights, device=device, **options)
 
 
 def write_weights(

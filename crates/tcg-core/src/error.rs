@@ -287,6 +287,8 @@ codes! {
     /// A call or output spec names a pytree type torch cannot rebuild in this process
     /// (its module is not importable) and that is not an output record read by field name.
     RunSpecUnsupported => Binding, "run.spec_unsupported";
+    /// A load option (an argument or its environment variable) has a value outside its domain.
+    RunOptionInvalid => Binding, "run.option_invalid";
 
     IoDestinationOccupied => Io, "io.destination_occupied";
     IoDestinationNotDirectory => Io, "io.destination_not_directory";

@@ -107,10 +107,12 @@ impl Graph {
                 (Device::Cpu, Device::Cuda(_)) => false,
             };
             if !fits {
+                // Never handed to the container: it would read the buffer as
+                // memory of its own device (an illegal access aborts the process).
                 return Err(Error::new(
-                    Code::RunDeviceMismatch,
+                    Code::RunCallInvalid,
                     format!(
-                        "input {i} is on {}, the graph runs on {}",
+                        "input {i} is on {}, the graph runs on {}: move it there first",
                         input.device, self.device
                     ),
                 ));

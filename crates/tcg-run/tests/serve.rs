@@ -100,7 +100,8 @@ fn a_stored_key_is_resolved_loaded_and_served_without_python() {
     };
     // SAFETY: refused before the address is described to libtorch.
     let err = unsafe { served.run(&[gpu], 0) }.unwrap_err();
-    assert_eq!(err.code(), Code::RunDeviceMismatch);
+    assert_eq!(err.code(), Code::RunCallInvalid);
+    assert!(err.message().contains("cuda:0") && err.message().contains("cpu"));
     // Rebind refuses a wrong file and keeps the old weights.
     let err = served
         .rebind(&fixture("mlp-cpu.io.safetensors"))
