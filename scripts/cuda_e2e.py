@@ -728,6 +728,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=6, help="models of the tier run at once")
     parser.add_argument("--models", help="comma-separated models of the tier (default: all)")
     parser.add_argument("--tests-k", help="pytest -k expression for the CUDA suite")
+    parser.add_argument(
+        "--test-workers", type=int, default=0, help="run the suite's files on N pytest-xdist workers (loadfile)"
+    )
     parser.add_argument("--graphs", action="store_true", help="benchmark CUDA-graph replay (graphs_bench)")
     parser.add_argument("--coldstart", action="store_true", help="run the cold-start benchmark (scripts/coldstart.py)")
     parser.add_argument("--sizes", default="small,large", help="the cold-start models (small: 0.8 GB, large: 13 GB)")
@@ -747,6 +750,8 @@ def main() -> None:
         CXX.append(args.cxx)
     if args.serve_bin:
         SERVE_BIN.append(os.path.abspath(args.serve_bin))
+    if args.test_workers > 0:
+        TEST_FILTER.extend(["-n", str(args.test_workers), "--dist", "loadfile"])
     if args.tests_k:
         TEST_FILTER.extend(["-k", args.tests_k])
     wheels = sorted(glob.glob(args.wheel))
