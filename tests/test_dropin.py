@@ -26,10 +26,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .conftest import SEED, STEPS, refused_binding as refused
+from .conftest import SEED, STEPS
+from .conftest import refused_binding as refused
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
+
 
 def fresh(code: str, **values: Any) -> dict[str, Any]:
     """Run ``code`` (with ``values`` bound as globals) in a fresh interpreter; its last

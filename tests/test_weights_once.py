@@ -314,7 +314,11 @@ def test_a_lora_is_applied_swapped_and_removed_on_every_graph_of_a_set(
     lora = weights.lora
     assert lora is not None and lora["name"] == "a"
     assert len(lora["targets"]) == sum(1 for m in unet.modules() if type(m).__name__ in ("Conv2d", "Linear")) - len(
-        [n for n, m in unet.named_modules() if type(m).__name__ in ("Conv2d", "Linear") and n.split(".")[-1] not in LORA_TARGETS]
+        [
+            n
+            for n, m in unet.named_modules()
+            if type(m).__name__ in ("Conv2d", "Linear") and n.split(".")[-1] not in LORA_TARGETS
+        ]
     )
     # Memory: the set grows by the targeted tensors once (their base values), no more.
     targeted = sum(base[n].numel() * base[n].element_size() for n in lora["targets"])
@@ -346,7 +350,10 @@ def test_a_lora_that_does_not_fit_is_refused_and_changes_nothing(
     base = _unet_state(unet)
     weights = WeightsSet(unet)
     graph = ddpm["graph"].load(weights)
-    good = {k.removeprefix("unet."): v for k, v in load_file(loras["diffusers"] / "pytorch_lora_weights.safetensors").items()}
+    good = {
+        k.removeprefix("unet."): v
+        for k, v in load_file(loras["diffusers"] / "pytorch_lora_weights.safetensors").items()
+    }
 
     def unchanged() -> None:
         assert weights.lora is None
@@ -382,8 +389,9 @@ def test_a_lora_that_does_not_fit_is_refused_and_changes_nothing(
     refused_binding("run.lora_invalid", weights.apply_lora, good)  # one at a time
     for name_, value in unet.state_dict().items():
         assert torch.equal(value, fused[name_]), name_
-    # A pipeline's two-component LoRA binds with the component named.
-    weights.replace_lora(tmp_path / "two.safetensors", prefix="unet.")
+    # A pipeline's two-component LoRA binds with the component named. Saved without
+    # diffusers' metadata, it has lost its alpha (8 for rank 4): scale 1 unless stated.
+    weights.replace_lora(tmp_path / "two.safetensors", prefix="unet.", scale=8 / 4)
     with torch.no_grad():
         torch.testing.assert_close(graph(loras["x"], loras["t"]).sample, loras["a"], rtol=1e-5, atol=1e-5)
     weights.remove_lora()
@@ -398,7 +406,7 @@ def test_lora_scale_follows_alpha_over_rank_times_the_users_scale(mlp: Any) -> N
     down, up = torch.randn(2, 16), torch.randn(32, 2)
     weights.apply_lora({"l1.lora_A.weight": down, "l1.lora_B.weight": up, "l1.alpha": torch.tensor(6.0)}, scale=0.5)
     torch.testing.assert_close(mlp.l1.weight.detach(), base + 6.0 / 2 * 0.5 * (up @ down))
-    # No alpha: scale 1 × the user's scale, as diffusers does.
+    # No alpha: scale 1 x the user's scale, as diffusers does.
     weights.replace_lora({"l1.lora_A.weight": down, "l1.lora_B.weight": up}, scale=2.0)
     torch.testing.assert_close(mlp.l1.weight.detach(), base + 2.0 * (up @ down))
     weights.remove_lora()

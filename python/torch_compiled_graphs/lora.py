@@ -1,12 +1,12 @@
 """LoRA checkpoints read for fusing into a weights set (docs/run.md, "Weights once").
 
 The format is diffusers'/PEFT's: per adapted module ``<path>.lora_A.weight``
-(rank × in, or a conv kernel rank × in × kh × kw), ``<path>.lora_B.weight``
-(out × rank, or out × rank × 1 × 1) and optionally ``<path>.alpha``; names as
+(rank x in, or a conv kernel rank x in x kh x kw), ``<path>.lora_B.weight``
+(out x rank, or out x rank x 1 x 1) and optionally ``<path>.alpha``; names as
 ``save_lora_weights`` writes them (a pipeline component's prefix ``unet.``,
 ``transformer.``, ``text_encoder.``) or as PEFT saves them (``base_model.model.``).
-The scale of a module is alpha / rank × the user's scale (no alpha anywhere:
-1 × the user's scale, as diffusers does), where alpha comes from the module's
+The scale of a module is alpha / rank x the user's scale (no alpha anywhere:
+1 x the user's scale, as diffusers does), where alpha comes from the module's
 ``.alpha`` tensor, else from the adapter's config (the ``lora_adapter_metadata``
 that diffusers writes into the safetensors header, or PEFT's
 ``adapter_config.json`` beside the file: ``lora_alpha``, ``alpha_pattern``,
@@ -77,7 +77,7 @@ def _read(source: object) -> tuple[dict[str, Any], dict[str, Any]]:
         from safetensors import safe_open
 
         with safe_open(os.fspath(path), framework="pt") as handle:
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
             header = handle.metadata() or {}
     except Exception as exc:  # safetensors raises its own error types for malformed files
         raise BindingError(f"cannot read the LoRA {path}: {exc}", INVALID) from exc
@@ -177,7 +177,7 @@ def read_lora(
         if down.dim() < 2 or up.dim() < 2 or any(d != 1 for d in up.shape[2:]):
             problems.append(
                 f"{module}: lora_A {list(down.shape)} / lora_B {list(up.shape)} are not a LoRA pair "
-                "(lora_B must be out × rank, or a 1 × 1 conv kernel)"
+                "(lora_B must be out x rank, or a 1 x 1 conv kernel)"
             )
             continue
         rank = int(down.shape[0])

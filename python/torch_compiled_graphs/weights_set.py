@@ -38,9 +38,7 @@ class WeightsSet:
     ``strip_prefix`` / ``add_prefix`` rename as in ``load``.
     """
 
-    def __init__(
-        self, weights: object, *, device: object = None, strip_prefix: str = "", add_prefix: str = ""
-    ) -> None:
+    def __init__(self, weights: object, *, device: object = None, strip_prefix: str = "", add_prefix: str = "") -> None:
         import torch
 
         from .native import _naming
@@ -133,13 +131,11 @@ class WeightsSet:
         ``nbytes`` (its tensors); ``None`` when none is fused."""
         return None if self._lora is None else dict(self._lora)
 
-    def apply_lora(
-        self, lora: object, scale: float = 1.0, prefix: str | None = None, name: str | None = None
-    ) -> None:
+    def apply_lora(self, lora: object, scale: float = 1.0, prefix: str | None = None, name: str | None = None) -> None:
         """Fuse a LoRA (a diffusers/PEFT safetensors file, a directory holding one, or
         its state_dict) into the set's weights in place: ``W + scale_m · B @ A`` per
         adapted module, computed in float32 on the device and cast to W's dtype, where
-        ``scale_m`` is alpha / rank × ``scale``. ``prefix`` selects one component of a
+        ``scale_m`` is alpha / rank x ``scale``. ``prefix`` selects one component of a
         pipeline's LoRA (``"unet."``). Refused (``run.lora_invalid``, nothing changed)
         when one is already fused (use :meth:`replace_lora`) or when it does not fit."""
         if self._lora is not None:
@@ -218,7 +214,7 @@ class WeightsSet:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             if self._stream is None:
-                self._stream = torch.cuda.Stream(self.device)
+                self._stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
             stack.enter_context(torch.cuda.stream(self._stream))
             stack.callback(self._stream.synchronize)
         return stack
