@@ -2,8 +2,10 @@
 graphs with its memory measured, and LoRA hot-swap on a set, with calls running on
 another thread and stream during the swap.
 
-A diffusers ``UNet2DModel`` wide enough (about 30 MB of float32 weights) that the
-caching allocator's granularity is small beside it is minted once for the device.
+A diffusers ``UNet2DModel`` of about 160 MiB of float32 weights is minted once for the
+device. Memory is the device's own count (``torch.cuda.mem_get_info`` after emptying
+torch's cache): the container allocates its constants with ``cudaMalloc``, outside
+torch's caching allocator, so ``memory_allocated`` would not see a copy it made.
 Needs a CUDA device, diffusers and peft; the device machine runs it through
 ``scripts/cuda_e2e.py``.
 """
@@ -11,6 +13,7 @@ Needs a CUDA device, diffusers and peft; the device machine runs it through
 from __future__ import annotations
 
 import copy
+import gc
 import threading
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,8 @@ pytestmark = [
 ]
 
 TARGETS = ["conv1", "conv2", "time_emb_proj"]
+# Outputs are compared at 1e-2: cuDNN's TF32 convolutions (torch's default) against the
+# compiled kernels. The LoRAs' random B makes their outputs differ from the base's by O(1).
 
 
 def wide_unet() -> Any:
@@ -38,12 +43,21 @@ def wide_unet() -> Any:
         sample_size=16,
         in_channels=3,
         out_channels=3,
-        block_out_channels=(128, 256),
+        block_out_channels=(256, 512),
         layers_per_block=1,
         norm_num_groups=32,
         down_block_types=("DownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "UpBlock2D"),
     ).eval()
+
+
+def device_used() -> int:
+    """Bytes in use on the device, torch's cached-but-free blocks released first."""
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return int(total - free)
 
 
 def weights_bytes(module: Any) -> int:
@@ -81,19 +95,20 @@ def folded_bytes(stored: Any) -> int:
 
 def test_load_binds_the_modules_cuda_tensors_without_a_copy(minted: dict[str, Any]) -> None:
     unet = wide_unet().cuda()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        unet(minted["x"], minted["t"])  # cuBLAS/cuDNN handles and workspaces: process-wide, before measuring
+    before = device_used()
     graph = minted["graph"].load(unet)
     with torch.no_grad():
-        torch.testing.assert_close(graph(minted["x"], minted["t"]).sample, minted["y"], rtol=1e-3, atol=1e-3)
-    torch.cuda.synchronize()
-    added = torch.cuda.memory_allocated() - before
+        torch.testing.assert_close(graph(minted["x"], minted["t"]).sample, minted["y"], rtol=1e-2, atol=1e-2)
+    added = device_used() - before
     assert graph.copied_constants == []
     for name, tensor in unet.state_dict().items():
         if name in graph._bound:
             assert graph._bound[name].data_ptr() == tensor.data_ptr(), name
-    # No second copy of the weights: at most 5% of them beyond the folded constants.
-    assert added <= folded_bytes(minted["graph"]) + 0.05 * weights_bytes(unet), (added, weights_bytes(unet))
+    # No second copy of the weights (a copy would add all of them): the folds, the
+    # graph's kernels and at most a tenth of the weights besides.
+    assert added <= folded_bytes(minted["graph"]) + 0.10 * weights_bytes(unet), (added, weights_bytes(unet))
 
 
 def test_several_graphs_on_one_set_hold_the_weights_once(minted: dict[str, Any], tmp_path: Path) -> None:
@@ -103,25 +118,26 @@ def test_several_graphs_on_one_set_hold_the_weights_once(minted: dict[str, Any],
     path = tmp_path / "unet.safetensors"
     save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, str(path))
     size = weights_bytes(unet)
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        unet.cuda()(minted["x"], minted["t"])
+    unet.cpu()
+    before = device_used()
     weights = WeightsSet(path, device="cuda")
-    torch.cuda.synchronize()
-    one_set = torch.cuda.memory_allocated() - before
+    one_set = device_used() - before
     assert size <= one_set <= size * 1.05 and weights.nbytes >= size
     graphs = [minted["graph"].load(weights) for _ in range(3)]
     for graph in graphs:
         with torch.no_grad():
-            torch.testing.assert_close(graph(minted["x"], minted["t"]).sample, minted["y"], rtol=1e-3, atol=1e-3)
+            torch.testing.assert_close(graph(minted["x"], minted["t"]).sample, minted["y"], rtol=1e-2, atol=1e-2)
         assert graph.copied_constants == []
-    torch.cuda.synchronize()
-    three = torch.cuda.memory_allocated() - before
-    # Three graphs: the weights once, plus each graph's folds; before issue 33, 3 x size more.
-    assert three <= one_set + 3 * (folded_bytes(minted["graph"]) + 0.05 * size), (three, one_set, size)
+    three = device_used() - before
+    # Three graphs: the weights once, plus each graph's folds and kernels; a copy per
+    # graph would be 3 x size more.
+    assert three <= one_set + 3 * (folded_bytes(minted["graph"]) + 0.10 * size), (three, one_set, size)
     del weights
     for graph in graphs:
         with torch.no_grad():
-            torch.testing.assert_close(graph(minted["x"], minted["t"]).sample, minted["y"], rtol=1e-3, atol=1e-3)
+            torch.testing.assert_close(graph(minted["x"], minted["t"]).sample, minted["y"], rtol=1e-2, atol=1e-2)
 
 
 def _peft_lora(unet: Any, seed: int, rank: int, alpha: int) -> tuple[dict[str, Any], Any]:
@@ -156,7 +172,6 @@ def test_a_lora_swaps_on_a_cuda_set_while_calls_run_on_another_stream(minted: di
     weights = WeightsSet(unet)
     graphs = [minted["graph"].load(weights), minted["graph"].load(weights)]
     held = weights.nbytes
-    torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     weights.apply_lora(lora_a, name="a")
     torch.cuda.synchronize()
@@ -176,7 +191,7 @@ def test_a_lora_swaps_on_a_cuda_set_while_calls_run_on_another_stream(minted: di
                 while not stop.is_set():
                     out = graphs[1](x, t).sample
                     stream.synchronize()
-                    label = [k for k, v in want.items() if torch.allclose(out, v, rtol=1e-3, atol=1e-3)]
+                    label = [k for k, v in want.items() if torch.allclose(out, v, rtol=1e-2, atol=1e-2)]
                     seen.append(label[0] if label else "mixed")
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
@@ -195,9 +210,9 @@ def test_a_lora_swaps_on_a_cuda_set_while_calls_run_on_another_stream(minted: di
     assert "mixed" not in seen, seen
     for graph in graphs:
         with torch.no_grad():
-            torch.testing.assert_close(graph(x, t).sample, want["base"], rtol=1e-3, atol=1e-3)
+            torch.testing.assert_close(graph(x, t).sample, want["base"], rtol=1e-2, atol=1e-2)
     for name, value in unet.state_dict().items():
         assert torch.equal(value, base[name]), name
     weights.apply_lora(lora_b)
     with torch.no_grad():
-        torch.testing.assert_close(graphs[0](x, t).sample, want["b"], rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(graphs[0](x, t).sample, want["b"], rtol=1e-2, atol=1e-2)

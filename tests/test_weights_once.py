@@ -426,3 +426,32 @@ def test_a_lora_on_a_set_reaches_a_graph_through_its_folded_constants(graph: Any
     _close(loaded, eager)
     weights.remove_lora()
     _close(loaded, mlp)
+
+
+def test_a_lora_update_waits_for_calls_in_flight_and_calls_wait_for_the_update(graph: Any, mlp: Any) -> None:
+    import threading
+
+    from torch_compiled_graphs import WeightsSet
+
+    weights = WeightsSet(mlp)
+    loaded = graph.load(weights)
+    base = mlp.l1.weight.detach().clone()
+    lora = {"l1.lora_A.weight": torch.randn(2, 16), "l1.lora_B.weight": torch.randn(32, 2)}
+    # A call in flight holds the set's lock shared: the update does not write meanwhile.
+    weights.lock.acquire_shared()
+    update = threading.Thread(target=weights.apply_lora, args=(lora,))
+    update.start()
+    update.join(timeout=0.3)
+    assert update.is_alive() and torch.equal(mlp.l1.weight.detach(), base)
+    # And a call that starts while the update waits queues behind it (writer first).
+    outputs: list[Any] = []
+    call = threading.Thread(target=lambda: outputs.append(loaded(_x())))
+    call.start()
+    call.join(timeout=0.3)
+    assert call.is_alive() and not outputs
+    weights.lock.release_shared()
+    update.join()
+    call.join()
+    assert not torch.equal(mlp.l1.weight.detach(), base)
+    with torch.no_grad():
+        torch.testing.assert_close(outputs[0], mlp(_x()), rtol=1e-6, atol=1e-6)

@@ -424,8 +424,9 @@ class LoadedGraph:
         self._bound = bound
         self.copied_constants = copied
         # A checkpoint read by the pipeline is one allocation of the graph's own.
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in named.values()}
-        own = sum(storages.values()) if from_files else 0
+        own = 0
+        if from_files:
+            own = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in named.values()}.values())
         self.added_nbytes = (
             own
             + sum(int(row["nbytes"]) for row in copied)
