@@ -187,8 +187,14 @@ class Binding:
                 ref: Any = self.sources[fqn] if leaf else weakref.ref(expected)
                 if leaf:
                     self._leaves.append((weakref.ref(owner), attr, self.sources[fqn], fqn))
-                self._keys.setdefault(key, (ref, []))[1].append(fqn)
-                _REGISTRY.setdefault(owner, {}).setdefault(attr, weakref.WeakSet()).add(self)
+                try:
+                    _REGISTRY.setdefault(owner, {}).setdefault(attr, weakref.WeakSet()).add(self)
+                except TypeError:
+                    # A module class that is not hashable (it defines __eq__ alone) cannot
+                    # be watched by the hooks; the per-call pointer check still applies.
+                    pass
+                else:
+                    self._keys.setdefault(key, (ref, []))[1].append(fqn)
                 owner = expected
         _install_hooks()
 
@@ -253,7 +259,12 @@ _HOOKS_LOCK = threading.Lock()
 
 
 def _on_registration(module: Any, name: str, value: Any) -> None:
-    entry = _REGISTRY.get(module)
+    # Runs on every registration in the process (model construction included): it
+    # must never fail for a module it does not watch.
+    try:
+        entry = _REGISTRY.get(module)
+    except TypeError:
+        return
     if entry:
         for binding in list(entry.get(name, ())):
             binding._on_assign(module, name, value)
