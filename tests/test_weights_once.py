@@ -455,3 +455,28 @@ def test_a_lora_update_waits_for_calls_in_flight_and_calls_wait_for_the_update(g
     assert not torch.equal(mlp.l1.weight.detach(), base)
     with torch.no_grad():
         torch.testing.assert_close(outputs[0], mlp(_x()), rtol=1e-6, atol=1e-6)
+
+
+def test_a_set_opens_a_pipelines_sharded_checkpoint_with_its_prefix(graph: Any, mlp: Any, tmp_path: Path) -> None:
+    import json
+
+    from safetensors.torch import save_file
+
+    from torch_compiled_graphs import WeightsSet
+
+    # save_pretrained's form past its shard size: one shard per tensor, by an index.
+    weight_map = {}
+    for i, (name, value) in enumerate(sorted(mlp.state_dict().items())):
+        shard = f"model-{i + 1:05d}-of-00004.safetensors"
+        save_file({f"unet.{name}": value.contiguous()}, str(tmp_path / shard))
+        weight_map[f"unet.{name}"] = shard
+    save_file({"vae.other": torch.zeros(2)}, str(tmp_path / "model-00005-of-00005.safetensors"))
+    weight_map["vae.other"] = "model-00005-of-00005.safetensors"
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    weights = WeightsSet(tmp_path, strip_prefix="unet.")
+    assert sorted(weights.tensors) == ["l1.bias", "l1.weight", "l2.bias", "l2.weight"]
+    assert weights.outside_prefix == 1 and not weights.borrowed
+    loaded = graph.load(weights)
+    _close(loaded, mlp)
+    assert loaded._bound["l2.weight"].data_ptr() == weights.tensors["l2.weight"].data_ptr()
