@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -438,3 +439,164 @@ def test_ray_tasks_ask_for_the_targets_resource_and_unplaceable_cells_are_detect
     assert unplaceable(_demand(gpu), nodes)  # no node has accelerator_type:H100
     assert not unplaceable(_demand(gpu), [{**nodes[1], "accelerator_type:H100": 1.0}])
     assert unplaceable(_demand(cpu), nodes[1:])
+
+
+# ----------------------------------------------------------------------------- size cap, executor values
+
+
+def _huge(targets: int = 4) -> str:
+    # Under 400 bytes of TOML, 4 * 10**10 cells: ten axes of ten values, four targets.
+    axes = "\n".join(f"{chr(97 + i)}=[0,1,2,3,4,5,6,7,8,9]" for i in range(10))
+    listed = ", ".join(["'cpu'", "'sm_80'", "'sm_90'", "'sm_100'"][:targets])
+    return f"toolchain = 'lock.json'\ntargets = [{listed}]\n[[recipes]]\ncallable = 'a:b'\n[recipes.grid]\n{axes}\n"
+
+
+def test_a_matrix_of_more_cells_than_the_cap_is_refused_before_any_is_made(tmp_path: Path) -> None:
+    # Regression: the cells were expanded before anything counted them, so a 374-byte
+    # matrix made `build` and `build-cell` hang and grow.
+    body = _huge()
+    assert len(body.encode()) < 400
+    with pytest.raises(BuildError) as e:
+        parse_matrix(body, tmp_path / "m.toml")
+    assert e.value.code == "build.matrix_too_large"
+    assert "describes 40000000000 cells, more than the cap of 10000" in str(e.value), str(e.value)
+    # Both commands refuse it as a usage error, at once.
+    path = write_matrix(tmp_path / "m.toml", body)
+    for args in (("build-cell", str(path), "--index", "0"), ("build", str(path), "--dry-run")):
+        out = run_cli(*args, timeout=120)
+        assert out.returncode == 2 and "code: build.matrix_too_large" in out.stderr, out
+
+
+def test_max_cells_raises_or_lowers_the_cap(tmp_path: Path) -> None:
+    assert len(parse_matrix("max_cells = 4\n" + MATRIX, tmp_path / "m.toml").cells) == 4
+    with pytest.raises(BuildError) as e:
+        parse_matrix("max_cells = 3\n" + MATRIX, tmp_path / "m.toml")
+    assert e.value.code == "build.matrix_too_large" and "describes 4 cells, more than the cap of 3" in str(e.value)
+    for bad in ("0", "-1", "true", "'10'", "1.5"):
+        with pytest.raises(BuildError) as e:
+            parse_matrix(f"max_cells = {bad}\n" + MATRIX, tmp_path / "m.toml")
+        assert e.value.code == "build.matrix_invalid" and "max_cells must be an integer >= 1" in str(e.value)
+
+
+# One TOML value of each kind; a field refuses every kind it is not.
+_KINDS = {
+    "string": '"x"',
+    "integer": "3",
+    "float": "2.5",
+    "boolean": "true",
+    "array": '["a"]',
+    "table": '{ a = "b" }',
+}
+_ACCEPTS = {
+    ("local", "parallelism"): {"integer"},
+    ("local", "retries"): {"integer"},
+    ("ray", "address"): {"string"},
+    ("ray", "num_cpus"): {"integer", "float"},
+    ("ray", "retries"): {"integer"},
+    ("ray", "accelerator_types"): {"table"},
+    ("k8s", "image"): {"string"},
+    ("k8s", "namespace"): {"string"},
+    ("k8s", "name"): {"string"},
+    ("k8s", "parallelism"): {"integer"},
+    ("k8s", "backoff_limit_per_index"): {"integer"},
+    ("k8s", "service_account"): {"string"},
+    ("k8s", "env"): {"table"},
+    ("k8s", "env_from_secrets"): {"array"},
+    ("k8s", "cpu"): {"string"},
+    ("k8s", "memory"): {"string"},
+    ("k8s", "node_selectors"): set(),  # a table of tables: every kind here is wrong
+    ("k8s", "python"): {"string"},
+}
+
+
+@pytest.mark.parametrize(
+    ("section", "member", "kind"),
+    [(s, m, k) for (s, m), ok in _ACCEPTS.items() for k in _KINDS if k not in ok],
+)
+def test_an_executor_value_of_the_wrong_type_is_refused_naming_the_field(
+    tmp_path: Path, section: str, member: str, kind: str
+) -> None:
+    body = MATRIX + f"[{section}]\n{member} = {_KINDS[kind]}\n"
+    with pytest.raises(BuildError) as e:
+        parse_matrix(body, tmp_path / "m.toml")
+    assert e.value.code == "build.matrix_invalid", e.value
+    assert f"[{section}] {member} must be" in str(e.value), str(e.value)
+
+
+def test_every_executor_member_is_covered_by_the_type_test() -> None:
+    from torch_compiled_graphs.build.matrix import _SECTIONS
+
+    assert {(s, m) for s, members in _SECTIONS.items() for m in members} == set(_ACCEPTS)
+
+
+@pytest.mark.parametrize(
+    ("section", "member", "value"),
+    [
+        ("local", "parallelism", "0"),
+        ("local", "retries", "-1"),
+        ("ray", "num_cpus", "0"),
+        ("ray", "accelerator_types", "{ sm_90 = 1 }"),
+        ("k8s", "namespace", '"Builds"'),
+        ("k8s", "image", '""'),
+        ("k8s", "env", "{ WAIT_S = 1800 }"),
+        ("k8s", "env_from_secrets", "[1]"),
+        ("k8s", "node_selectors", '{ cpu = "amd64" }'),
+        ("k8s", "node_selectors", "{ cpu = { arch = 1 } }"),
+    ],
+)
+def test_an_executor_value_of_the_right_type_but_out_of_range_is_refused(
+    tmp_path: Path, section: str, member: str, value: str
+) -> None:
+    with pytest.raises(BuildError) as e:
+        parse_matrix(MATRIX + f"[{section}]\n{member} = {value}\n", tmp_path / "m.toml")
+    assert e.value.code == "build.matrix_invalid" and f"[{section}] {member} must be" in str(e.value)
+
+
+def test_job_names_stay_unique_per_target_whatever_the_name_prefix(tmp_path: Path) -> None:
+    # Regression: the name was cut at 63 characters after the target was appended, so a
+    # long [k8s] name made every target's Job the same name.
+    from torch_compiled_graphs.build.k8s import render
+
+    (tmp_path / "lock.json").write_text("{}")
+    targets = '["cpu", "cpu-x86_64-v3", "cpu-x86.64-v3", "cpu-x86-64-v3", "sm_90", "sm_90a", "sm_100"]'
+    for prefix in ("tcg-build", "x" * 40, "fleet-" * 20, "Build_Of_The_Fleet!" * 3, "___"):
+        body = MATRIX.replace('targets = ["cpu"]', f"targets = {targets}", 1)
+        body += f'[k8s]\nimage = "registry.example/fleet:1"\nname = "{prefix}"\n'
+        matrix = parse_matrix(body, tmp_path / "m.toml")
+        jobs = [i for i in render(matrix, list(matrix.cells))["items"] if i["kind"] == "Job"]
+        names = [j["metadata"]["name"] for j in jobs]
+        assert len(jobs) == 7 and len(set(names)) == 7, (prefix, names)
+        labels = [j["metadata"]["labels"]["torch-compiled-graphs/target"] for j in jobs]
+        assert len(set(labels)) == 7, labels
+        for text in [*names, *labels]:
+            assert len(text) <= 63 and re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", text), text
+    short = parse_matrix(MATRIX + '[k8s]\nimage = "i"\n', tmp_path / "m.toml")
+    (job,) = [i for i in render(short, list(short.cells[:1]))["items"] if i["kind"] == "Job"]
+    assert job["metadata"]["name"] == f"tcg-build-{short.digest[:8]}-cpu"  # short names are kept readable
+
+
+def test_two_targets_rendering_one_job_name_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_compiled_graphs.build import k8s
+
+    (tmp_path / "lock.json").write_text("{}")
+    matrix = parse_matrix(MATRIX + '[k8s]\nimage = "i"\n', tmp_path / "m.toml")
+    monkeypatch.setattr(k8s, "resource_name", lambda prefix, digest, part: "same")
+    with pytest.raises(BuildError) as e:
+        k8s.render(matrix, list(matrix.cells))
+    assert e.value.code == "build.executor_invalid" and "would share the name 'same'" in str(e.value)
+
+
+def test_the_docs_example_cell_is_the_cell_the_docs_matrix_produces(tmp_path: Path) -> None:
+    # Regression: docs/build.md's example cell line named a cell with another parameter
+    # order and another index than its own matrix produces.
+    text = (ROOT / "docs" / "build.md").read_text()
+    toml = re.search(r"```toml\n(.*?)```", text, re.S)
+    assert toml is not None
+    matrix = parse_matrix(toml.group(1), tmp_path / "matrix.toml")
+    line = re.search(r"It prints one JSON line on stdout:\n\n```json\n(.*?)```", text, re.S)
+    assert line is not None
+    example = json.loads(line.group(1).replace("…", ""))
+    cell = matrix.cells[example["index"]]
+    assert (cell.name, cell.target) == (example["cell"], example["target"])
+    named = re.search(r"the example's cell (\d+) is\s+`([^`]+)`", text)
+    assert named is not None and matrix.cells[int(named.group(1))].name == named.group(2)

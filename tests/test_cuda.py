@@ -576,3 +576,31 @@ def test_weights_too_large_for_the_device_are_refused_and_nothing_is_left_behind
     assert report["load"] == "run.weights_too_large", report
     assert "cuda:0" in report["load_native_message"], report
     assert report["after"] == [2, 4096], report
+
+
+@pytest.mark.real_aoti
+def test_the_default_compilers_mint_runs_on_every_load_path(minted: dict[str, Any], tmp_path: Path) -> None:
+    """Issue 31, with this machine's default CXX (a GCC that links libstdc++ statically on the
+    GPU machine): the mint passed parity, through the torch-free runner when the .so carries its
+    own C++ runtime, and load() (module tensors on the GPU, bound through the runner's
+    caller-owned buffers), load() of a checkpoint and load_native all agree with eager."""
+    from safetensors.torch import save_file
+
+    from torch_compiled_graphs import _native
+
+    graph = minted["result"].compiled_graph
+    own = _native.package_own_cxx_runtime(str(graph.package_path), graph.graph_class)
+    runner = "native" if own else "torch"
+    assert graph.mint_record["parity"]["runner"] == runner
+    net = minted["net"]
+    x = torch.randn(5, 64, device="cuda")
+    with torch.no_grad():
+        want = net(x)
+    loaded = graph.load(cuda_weights(net))
+    assert loaded.runner == runner
+    torch.testing.assert_close(loaded(x), want, rtol=1e-4, atol=1e-4)
+    weights = tmp_path / "w.safetensors"
+    save_file({k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}, weights)
+    torch.testing.assert_close(graph.load(weights)(x), want, rtol=1e-4, atol=1e-4)
+    native = graph.load_native(weights, device=f"cuda:{torch.cuda.current_device()}")
+    torch.testing.assert_close(from_dlpack(native(x)), want, rtol=1e-4, atol=1e-4)

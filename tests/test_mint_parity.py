@@ -94,11 +94,12 @@ def test_the_mint_checks_parity_and_records_the_figures_outside_the_metadata(min
     assert record is not None and record["format"] == "tcg-mint-record-v1"
     parity = record["parity"]
     assert parity["status"] == "passed" and parity["inputs"] == "example_inputs"
+    assert parity["runner"] == "torch"  # the .so uses the process's C++ runtime
     (leaf,) = parity["leaves"]
     assert leaf["path"] == "" and leaf["dtype"] == "float32" and leaf["shape"] == [2, 4] and leaf["numel"] == 8
     assert (leaf["atol"], leaf["rtol"]) == _parity.TOLERANCES["float32"]
-    assert leaf["scale"] >= 1.0
-    assert 0.0 <= leaf["max_abs_diff"] <= leaf["atol"] * leaf["scale"] + leaf["rtol"] * leaf["scale"]
+    assert leaf["scale"] == 1.0  # atol is not scaled (kept for the record's shape)
+    assert 0.0 <= leaf["max_abs_diff"] <= leaf["atol"] + leaf["rtol"] * 10.0
     # Not in the metadata, not in the key: the key is the one the declaration derives.
     text = json.dumps(graph.metadata)
     assert "parity" not in text and "tcg-mint" not in text and "unsupported" not in text
@@ -224,7 +225,7 @@ def test_within_the_tolerance_passes_with_its_figures() -> None:
     e = torch.tensor([[1.0, -2.0], [3.0, 4.0]])
     leaf, failure = _leaf(e, e + 1e-5)
     assert failure is None and leaf is not None
-    assert leaf["numel"] == 4 and leaf["scale"] == 4.0 and leaf["shape"] == [2, 2]
+    assert leaf["numel"] == 4 and leaf["scale"] == 1.0 and leaf["shape"] == [2, 2]
     assert leaf["max_abs_diff"] == pytest.approx(1e-5, rel=1e-2)
     assert leaf["max_rel_diff"] == pytest.approx(1e-5, rel=1e-2)
 
@@ -252,7 +253,7 @@ def test_integers_and_bools_must_be_equal() -> None:
     assert _leaf(e, e.clone())[1] is None
     a = e.clone()
     a[0] = 1
-    assert "max abs error 1" in str(_leaf(e, a)[1])
+    assert "the largest difference is 1 at element [0]" in str(_leaf(e, a)[1])
     b = torch.tensor([True, False])
     assert _leaf(b, b.clone())[1] is None
     assert _leaf(b, ~b)[1] is not None
@@ -282,3 +283,114 @@ def test_a_scalar_output_compares_by_value() -> None:
     assert _parity._compare("[1]", 3, 3)[1] is None
     assert "eager 3, compiled 4" in str(_parity._compare("[1]", 3, 4)[1])
     assert _parity._compare("[1]", 3, torch.tensor([3, 3]))[1] is not None
+
+
+def test_an_int64_difference_below_float64_resolution_refuses_the_mint() -> None:
+    # Regression: both sides went through float64, whose spacing near 2**60 is 256, so
+    # 2**60 and 2**60 + 127 compared equal with max_abs_diff 0.0.
+    e = torch.tensor([[2**60, 7], [-(2**60), 0]], dtype=torch.int64)
+    a = e.clone()
+    a[0, 0] += 127
+    a[1, 0] -= 1
+    leaf, failure = _leaf(e, a)
+    assert failure is not None and leaf is not None
+    assert "2 of 4 elements differ (int64 must be equal exactly)" in failure, failure
+    assert "the largest difference is 127 at element [0, 0]" in failure, failure
+    assert f"eager {2**60}, compiled {2**60 + 127}" in failure, failure
+    assert leaf["max_abs_diff"] == 127 and isinstance(leaf["max_abs_diff"], int)
+
+
+def test_integer_differences_are_exact_across_the_whole_range() -> None:
+    # The difference of two int64 needs 64 bits unsigned: computed without overflow.
+    e = torch.tensor([-(2**63), 5], dtype=torch.int64)
+    a = torch.tensor([2**63 - 1, 5], dtype=torch.int64)
+    leaf, failure = _leaf(e, a)
+    assert leaf is not None and leaf["max_abs_diff"] == 2**64 - 1, leaf
+    assert f"the largest difference is {2**64 - 1} at element [0]" in str(failure)
+    u = torch.tensor([2**64 - 1, 2**63 + 1], dtype=torch.uint64)
+    v = u.clone()
+    v[1] = 2**63
+    leaf, failure = _leaf(u, v)
+    assert leaf is not None and leaf["max_abs_diff"] == 1, leaf
+    assert f"eager {2**63 + 1}, compiled {2**63}" in str(failure), failure
+    assert _leaf(u, u.clone()) == (
+        {
+            "atol": 0.0,
+            "dtype": "uint64",
+            "max_abs_diff": 0,
+            "max_rel_diff": 0.0,
+            "numel": 2,
+            "path": "[0]",
+            "rtol": 0.0,
+            "scale": 1.0,
+            "shape": [2],
+        },
+        None,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.uint8, torch.uint16, torch.uint32])
+def test_every_integer_dtype_is_compared_exactly_in_its_own_dtype(dtype: torch.dtype) -> None:
+    top = torch.iinfo(dtype).max
+    e = torch.tensor([top, 0, 1], dtype=dtype)
+    assert _leaf(e, e.clone())[1] is None
+    a = e.clone()
+    a[0] = top - 1
+    a[2] = 0
+    leaf, failure = _leaf(e, a)
+    assert leaf is not None and leaf["max_abs_diff"] == 1
+    assert "2 of 3 elements differ" in str(failure), failure
+
+
+def test_a_huge_masked_value_does_not_loosen_the_other_elements() -> None:
+    # Regression: atol was scaled by the leaf's largest finite value, so one finfo.min
+    # (what transformers and diffusers write into masked positions) let every other
+    # element be wrong by 1e30.
+    low = torch.finfo(torch.float32).min
+    e = torch.tensor([[low, 0.25], [1.0, low]])
+    a = e.clone()
+    a[0, 1] = 1e30
+    leaf, failure = _leaf(e, a)
+    assert failure is not None and leaf is not None
+    assert "exceeds the allowed 0.000125 at element [0, 1]" in failure, failure
+    assert "1 of 4 elements outside" in failure
+    a = e.clone()
+    a[1, 0] = 1.01
+    assert "at element [1, 0]" in str(_leaf(e, a)[1])
+
+
+def test_masked_positions_equal_in_both_pass_with_exact_figures() -> None:
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        low = torch.finfo(dtype).min
+        e = torch.tensor([[low, 0.5], [-2.0, low]]).to(dtype)
+        a = e.clone()
+        a[0, 1] += 1e-5
+        leaf, failure = _leaf(e, a)
+        assert failure is None, (dtype, failure)
+        assert leaf is not None and leaf["max_abs_diff"] < 1e-4 and leaf["scale"] == 1.0
+
+
+def test_each_element_is_judged_by_its_own_magnitude() -> None:
+    # |a - e| <= atol + rtol * |e| element by element: a large element may differ more.
+    e = torch.tensor([1000.0, 0.0])
+    a = e.clone()
+    a[0] += 0.09  # allowed 1e-4 + 1e-4 * 1000 = 0.1001
+    assert _leaf(e, a)[1] is None
+    a[1] = 2e-4  # allowed 1e-4 near zero, whatever the other element is
+    assert "exceeds the allowed 0.0001 at element [1]" in str(_leaf(e, a)[1])
+
+
+def test_non_finite_elements_must_be_the_same_value() -> None:
+    inf = float("inf")
+    e = torch.tensor([inf, -inf, float("nan"), 1.0], dtype=torch.float64)
+    assert _leaf(e, e.clone())[1] is None
+    for i, value in [(0, -inf), (0, 1e308), (1, 0.0), (2, inf), (3, inf), (3, float("nan"))]:
+        a = e.clone()
+        a[i] = value
+        failure = _leaf(e, a)[1]
+        assert failure is not None and f"at element [{i}]" in failure, (i, value, failure)
+    c = torch.tensor([1 + 1j, complex(inf, 0)], dtype=torch.complex64)
+    assert _leaf(c, c.clone())[1] is None
+    d = c.clone()
+    d[0] = 1 + 1.01j
+    assert "at element [0]" in str(_leaf(c, d)[1])

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .conftest import REFERENCE_WEIGHTS, refused_binding
+from .conftest import REFERENCE, REFERENCE_WEIGHTS, refused_binding
 
 
 @pytest.fixture(scope="module")
@@ -138,15 +138,11 @@ def test_load_binds_the_same_checkpoints_as_load_native(
     refused_binding("run.constant_missing", graph.load, index)
 
 
-def test_a_package_whose_so_carries_its_own_cxx_runtime_is_refused_before_torchs_loader(
-    graph: Any, tmp_path: Path
-) -> None:
-    """torch's package loader crashes on a .so linked with a static libstdc++ (the GPU
-    machine's default compiler); such a package never reaches it."""
+def _with_so(graph: Any, tmp_path: Path, patch: Any) -> Any:
+    """A copy of ``graph`` whose package's .so is ``patch(bytes)``, as a resolved graph."""
     import shutil
     import zipfile
 
-    from torch_compiled_graphs import _native
     from torch_compiled_graphs.engine import StoredCompiledGraph
 
     copy = tmp_path / "graph"
@@ -154,18 +150,47 @@ def test_a_package_whose_so_carries_its_own_cxx_runtime_is_refused_before_torchs
     with zipfile.ZipFile(graph.package_path) as src, zipfile.ZipFile(copy / "model.pt2", "w") as dst:
         for info in src.infolist():
             data = src.read(info)
-            if info.filename.endswith(".so"):
-                assert b"libstdc++.so.6\x00" in data
-                # Same length: the dynamic string table keeps its layout, DT_NEEDED names another runtime.
-                data = data.replace(b"libstdc++.so.6\x00", b"libstdc++.so.9\x00")
-            dst.writestr(info, data)
-    _native.package_check_torch_loader(str(graph.package_path), graph.graph_class)
-    err = refused_binding(
-        "run.loader_unsupported", _native.package_check_torch_loader, str(copy / "model.pt2"), graph.graph_class
-    )
-    assert "load_native" in str(err)
-    patched = StoredCompiledGraph(graph.key, copy, graph.metadata, graph.manifest)
-    refused_binding("run.loader_unsupported", patched.load, {})
+            dst.writestr(info, patch(data) if info.filename.endswith(".so") else data)
+    return StoredCompiledGraph(graph.key, copy, graph.metadata, graph.manifest)
+
+
+def test_regression_a_so_that_does_not_name_libstdcxx_is_not_taken_for_a_static_runtime(
+    graph: Any, tmp_path: Path
+) -> None:
+    """Issue 31: the check was "libstdc++.so.6 is not in DT_NEEDED", which refused .so files
+    that need no C++ runtime at all. Naming another runtime (or none) proves nothing: only
+    a .so that defines the runtime's symbols is kept from torch's loader."""
+    from torch_compiled_graphs import _native
+
+    def rename(data: bytes) -> bytes:
+        assert b"libstdc++.so.6\x00" in data
+        # Same length: the dynamic string table keeps its layout, DT_NEEDED names another runtime.
+        return data.replace(b"libstdc++.so.6\x00", b"libstdc++.so.9\x00")
+
+    patched = _with_so(graph, tmp_path, rename)
+    package = str(patched.package_path)
+    assert _native.package_own_cxx_runtime(package, graph.graph_class) == []
+    _native.package_check_torch_loader(package, graph.graph_class)
+    # torch's loader then finds no libstdc++.so.9 to open: a typed refusal, never a crash.
+    refused_binding("run.package_invalid", patched.load, REFERENCE_WEIGHTS)
+
+
+def test_a_package_whose_so_defines_the_cxx_runtime_goes_to_the_native_runner(graph: Any, tmp_path: Path) -> None:
+    """A .so linked with a static libstdc++ (testdata/elf/cxx-static.so, real linker output)
+    never reaches torch's loader: the check refuses it and load() hands it to the torch-free
+    runner, which here refuses it as no AOTInductor graph (it is a plain library)."""
+    import gzip
+
+    from torch_compiled_graphs import _native
+
+    static = gzip.decompress((REFERENCE.parent / "elf" / "cxx-static.so.gz").read_bytes())
+    patched = _with_so(graph, tmp_path, lambda _: static)
+    package = str(patched.package_path)
+    assert "__cxa_throw" in _native.package_own_cxx_runtime(package, graph.graph_class)
+    err = refused_binding("run.loader_unsupported", _native.package_check_torch_loader, package, graph.graph_class)
+    assert "__cxa_throw" in str(err)
+    err = refused_binding("run.package_invalid", patched.load, REFERENCE_WEIGHTS)
+    assert "AOTInductorModelContainer" in str(err)
 
 
 def test_a_parameter_the_compiler_records_as_a_literal_is_refused_with_the_fix() -> None:

@@ -18,15 +18,15 @@ from typing import Any
 
 from .errors import CompileError
 
-__all__ = ["TOLERANCES", "check_parity", "run_compiled", "tolerance"]
+__all__ = ["TOLERANCES", "check_parity", "compiled_runner", "run_compiled", "tolerance"]
 
 #: ``(atol, rtol)`` by dtype. An element passes when
-#: ``|compiled - eager| <= atol * scale + rtol * |eager|``, where ``scale`` is
-#: ``max(1, max |eager|)`` over the leaf (finite values): the absolute term grows
-#: with the leaf's magnitude, so values that cancel to near zero inside a large
-#: output are judged against the rounding of the values that produced them.
-#: Integer, unsigned and bool leaves must be equal (both 0). Complex leaves use
-#: their component dtype. NaN must be NaN in both, infinities equal.
+#: ``|compiled - eager| <= atol + rtol * |eager|`` (torch.testing's rule): each
+#: element's bound depends on that element alone, so a huge value elsewhere in the
+#: leaf (``finfo.min`` in a masked position) loosens nothing else. Non-finite
+#: elements must be equal: NaN where eager has NaN, the same infinity. Integer,
+#: unsigned and bool leaves must be equal exactly, compared in their own dtype
+#: (never through a float). Complex leaves use their component dtype.
 TOLERANCES: dict[str, tuple[float, float]] = {
     "float64": (1e-7, 1e-7),
     "float32": (1e-4, 1e-4),
@@ -58,21 +58,33 @@ def run_compiled(
     """Load entry ``entry`` of ``package``, bind ``constants`` by fqn (a full update) and run it once on ``inputs``.
 
     The compiled side of the parity check (tests replace it to provoke a mismatch).
+    It runs through torch's package loader, or, for a ``.so`` that carries its
+    own C++ runtime (which crashes that loader), through the torch-free runner
+    that ``load()`` uses for such a package (:func:`compiled_runner`).
     """
     import torch
 
     from . import _native
     from .errors import BindingError
 
-    # A .so that carries its own C++ runtime crashes torch's package loader (the
-    # minting process with it): refused before the loader sees it.
+    loader: Any
     try:
-        _native.package_check_torch_loader(os.fspath(package), entry)
+        if compiled_runner(package, entry) == "native":
+            from ._native_loader import NativeLoader
+
+            if device_index < 0:
+                sm = _native.cpu_sm()
+            else:
+                major, minor = torch.cuda.get_device_capability(device_index)
+                sm = f"sm_{major}{minor}"
+            rows = _native.package_constant_table(os.fspath(package))
+            loader = NativeLoader(package, entry, device_index, sm, rows)
+        else:
+            # (path, entry, run_single_threaded, num_runners, device_index): the positional
+            # form torch 2.11 and 2.15 share, as in runner.py.
+            loader = torch._C._aoti.AOTIModelPackageLoader(os.fspath(package), entry, False, 1, device_index)
     except BindingError as exc:
         raise _unavailable(f"{exc} (the compiled graph cannot be run here to check it against eager)") from exc
-    # (path, entry, run_single_threaded, num_runners, device_index): the positional
-    # form torch 2.11 and 2.15 share, as in runner.py.
-    loader = torch._C._aoti.AOTIModelPackageLoader(os.fspath(package), entry, False, 1, device_index)
     wanted = list(loader.get_constant_fqns())
     missing = [fqn for fqn in wanted if fqn not in constants]
     if missing:
@@ -81,6 +93,20 @@ def run_compiled(
     loader.load_constants(bound, False, True)
     outputs = loader.boxed_run(list(inputs))
     return list(outputs)
+
+
+def compiled_runner(package: str | os.PathLike[str], entry: str) -> str:
+    """What runs the compiled side of the check: ``"native"`` (the torch-free runner) when
+    the package's ``.so`` carries its own C++ runtime, else ``"torch"`` (torch's package
+    loader). Recorded in the mint record as ``parity.runner``."""
+    from . import _native
+    from .errors import CompiledGraphError
+
+    try:
+        own = _native.package_own_cxx_runtime(os.fspath(package), entry)
+    except CompiledGraphError as exc:  # a .so the ELF reader refuses (artifact.elf_invalid, ...)
+        raise _unavailable(f"{exc} (the compiled graph cannot be loaded to check it against eager)") from exc
+    return "native" if own else "torch"
 
 
 def _clone(tree: Any) -> Any:
@@ -129,39 +155,106 @@ def _compare(path: str, expected: Any, actual: Any) -> tuple[dict[str, Any] | No
     atol, rtol = tolerance(dtype)
     e = expected.detach()
     a = actual.detach().to(e.device)
+    if int(e.numel()) == 0:
+        return _leaf(path, dtype, shape, 0, 0.0, 0.0, atol, rtol), None
+    if e.is_floating_point() or e.is_complex():
+        return _compare_inexact(path, dtype, shape, e, a, atol, rtol)
+    return _compare_exact(path, dtype, shape, e, a)
+
+
+def _element(flat_index: int, shape: list[int]) -> list[int]:
+    import torch
+
+    return list(map(int, torch.unravel_index(torch.tensor(flat_index), tuple(shape)))) if shape else []
+
+
+def _compare_inexact(
+    path: str, dtype: str, shape: list[int], e: Any, a: Any, atol: float, rtol: float
+) -> tuple[dict[str, Any], str | None]:
+    import torch
+
+    # Widened so that the difference of two float32 (or smaller) values is exact.
     wide = torch.complex128 if e.is_complex() else torch.float64
-    ef, af = e.to(wide), a.to(wide)
-    numel = int(e.numel())
-    if numel == 0:
-        leaf = _leaf(path, dtype, shape, 0, 0.0, 0.0, atol, rtol, 1.0)
-        return leaf, None
+    ef, af = e.to(wide).reshape(-1), a.to(wide).reshape(-1)
+    numel = int(ef.numel())
     magnitude = ef.abs()
-    finite = torch.isfinite(magnitude)
-    scale = max(1.0, float(magnitude[finite].max()) if bool(finite.any()) else 1.0)
+    finite = torch.isfinite(ef) & torch.isfinite(af)
     same = (ef == af) | (torch.isnan(ef) & torch.isnan(af))
     diff = (af - ef).abs()
-    diff = torch.where(same, torch.zeros_like(diff), torch.nan_to_num(diff, nan=float("inf")))
-    allowed = atol * scale + rtol * torch.where(finite, magnitude, torch.zeros_like(magnitude))
-    excess = diff - allowed
-    worst = int(torch.argmax(excess))
+    allowed = atol + rtol * magnitude
+    # A non-finite element passes only when equal (``same``); a finite one within its own bound.
+    ok = same | (finite & (diff <= allowed))
+    diff = torch.where(same, torch.zeros_like(diff), torch.where(finite, diff, torch.full_like(diff, float("inf"))))
     max_abs = float(diff.max())
     nonzero = magnitude > 0
     rel = torch.where(nonzero, diff / torch.where(nonzero, magnitude, torch.ones_like(magnitude)), diff)
     rel_max = float(rel[nonzero].max()) if bool(nonzero.any()) else 0.0
-    leaf = _leaf(path, dtype, shape, numel, max_abs, rel_max, atol, rtol, scale)
-    if float(excess.reshape(-1)[worst]) <= 0.0:
+    leaf = _leaf(path, dtype, shape, numel, max_abs, rel_max, atol, rtol)
+    bad = int((~ok).sum())
+    if bad == 0:
         return leaf, None
-    at = list(map(int, torch.unravel_index(torch.tensor(worst), tuple(shape)))) if shape else []
-    err = float(diff.reshape(-1)[worst])
-    bound = float(allowed.reshape(-1)[worst])
-    bad = int((excess > 0).sum())
+    excess = torch.where(ok, torch.full_like(diff, -float("inf")), diff - allowed)
+    excess = torch.nan_to_num(excess, nan=float("inf"))
+    worst = int(torch.argmax(excess))
+    err, bound = float(diff[worst]), float(allowed[worst])
     pick = complex if e.is_complex() else float
-    eager_value, compiled_value = pick(ef.reshape(-1)[worst]), pick(af.reshape(-1)[worst])
+    eager_value, compiled_value = pick(ef[worst]), pick(af[worst])
     return leaf, (
         f"output {path or '<root>'} ({dtype}{shape}): max abs error {err:.6g} exceeds the allowed {bound:.6g} "
-        f"at element {at} (eager {eager_value:.6g}, compiled {compiled_value:.6g}; "
-        f"allowed = atol {atol:g} x scale {scale:.6g} + rtol {rtol:g} x |eager|); "
+        f"at element {_element(worst, shape)} (eager {eager_value:.6g}, compiled {compiled_value:.6g}; "
+        f"allowed = atol {atol:g} + rtol {rtol:g} x |eager|); "
         f"{bad} of {numel} elements outside; max abs error over the leaf {max_abs:.6g}, max rel error {rel_max:.6g}"
+    )
+
+
+def _as_words(x: Any) -> tuple[Any, Any]:
+    """An integer tensor as exact ``(high, low)`` int64 halves: ``x == high * 2**32 + low``, ``0 <= low < 2**32``."""
+    import torch
+
+    if x.dtype == torch.uint64:
+        # Reinterpreted bit for bit; the high half is then taken unsigned.
+        bits = x.view(torch.int64)
+        return (bits >> 32) & 0xFFFFFFFF, bits & 0xFFFFFFFF
+    wide = x.to(torch.int64)  # exact for every other integer dtype and bool
+    return wide >> 32, wide & 0xFFFFFFFF
+
+
+def _python_int(high: Any, low: Any) -> int:
+    return (int(high) << 32) + int(low)
+
+
+def _compare_exact(path: str, dtype: str, shape: list[int], e: Any, a: Any) -> tuple[dict[str, Any], str | None]:
+    """Integers and bools: equal element for element, in their own dtype; the figures exact."""
+    import torch
+
+    eh, el = (t.reshape(-1) for t in _as_words(e))
+    ah, al = (t.reshape(-1) for t in _as_words(a))
+    numel = int(eh.numel())
+    differs = (eh != ah) | (el != al)
+    bad = int(differs.sum())
+    if bad == 0:
+        return _leaf(path, dtype, shape, numel, 0, 0.0, 0.0, 0.0), None
+    # |a - e| exactly, as int64 halves (a difference of two int64 can need 64 bits unsigned):
+    # both halves' differences fit easily, and the sign of the whole is the high half's
+    # unless that is zero.
+    dh, dl = ah - eh, al - el
+    negative = (dh < 0) | ((dh == 0) & (dl < 0))
+    dh, dl = torch.where(negative, -dh, dh), torch.where(negative, -dl, dl)
+    borrow = (dl < 0).to(torch.int64)
+    dh, dl = dh - borrow, dl + borrow * (1 << 32)
+    top = dh.max()
+    worst = int(torch.argmax(torch.where(dh == top, dl, torch.full_like(dl, -1))))
+    largest = _python_int(dh[worst], dl[worst])
+    eager_value, compiled_value = _python_int(eh[worst], el[worst]), _python_int(ah[worst], al[worst])
+    if dtype == "bool":
+        eager_value, compiled_value = bool(eager_value), bool(compiled_value)
+    magnitude = abs(eager_value)
+    rel = largest / magnitude if magnitude else float(largest)
+    leaf = _leaf(path, dtype, shape, numel, largest, rel, 0.0, 0.0)
+    return leaf, (
+        f"output {path or '<root>'} ({dtype}{shape}): {bad} of {numel} elements differ "
+        f"({dtype} must be equal exactly); the largest difference is {largest} at element "
+        f"{_element(worst, shape)} (eager {eager_value}, compiled {compiled_value})"
     )
 
 
@@ -170,21 +263,23 @@ def _leaf(
     dtype: str,
     shape: list[int],
     numel: int,
-    max_abs: float,
+    max_abs: float | int,
     max_rel: float,
     atol: float,
     rtol: float,
-    scale: float,
 ) -> dict[str, Any]:
     return {
         "atol": float(atol),
         "dtype": dtype,
-        "max_abs_diff": float(max_abs),
+        # An integer leaf's difference stays a Python int (exact; 0 in every record).
+        "max_abs_diff": max_abs if isinstance(max_abs, int) else float(max_abs),
         "max_rel_diff": float(max_rel),
         "numel": int(numel),
         "path": path,
         "rtol": float(rtol),
-        "scale": float(scale),
+        # The multiplier of atol: 1 since atol stopped growing with the leaf's largest
+        # value; kept so that records stay of the tcg-mint-record-v1 shape.
+        "scale": 1.0,
         "shape": shape,
     }
 
@@ -294,4 +389,4 @@ def _check_parity_full_precision(
             + "; ".join(failures),
             "mint.parity_failed",
         )
-    return {"inputs": "example_inputs", "leaves": leaves, "status": "passed"}
+    return {"inputs": "example_inputs", "leaves": leaves, "runner": compiled_runner(package, entry), "status": "passed"}

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any, TypeAlias, TypeVar
 
+    from .capture import CaptureBackend
     from .declaration import GraphClassSpec
     from .explain import Explanation
     from .identity import GraphClassDeclaration
@@ -258,7 +259,16 @@ class StoredCompiledGraph(_Record):
         return str(self.metadata["sm"])
 
     def load(
-        self, weights: object, *, device: object = None, strip_prefix: str = "", add_prefix: str = ""
+        self,
+        weights: object,
+        *,
+        device: object = None,
+        strip_prefix: str = "",
+        add_prefix: str = "",
+        cuda_graphs: bool | None = None,
+        max_captures: int | None = None,
+        cuda_graph_outputs: str = "copy",
+        capture_backend: CaptureBackend | None = None,
     ) -> LoadedGraph:
         """Load this graph and bind ``weights``; imports torch.
 
@@ -275,11 +285,32 @@ class StoredCompiledGraph(_Record):
         the names under it, without it; ``add_prefix`` puts a prefix in front.
         Every constant is checked (dtype, shape, device) before anything is
         handed to the package loader; literal constants come from
-        ``constants.safetensors``. See docs/run.md.
+        ``constants.safetensors``.
+
+        On a GPU, calls are captured as CUDA graphs per input shape set and
+        replayed (after two uncaptured runs of each): ``cuda_graphs=False``
+        (or ``TORCH_COMPILED_GRAPHS_CUDA_GRAPHS=0`` where not given) turns it
+        off, ``max_captures`` bounds the shape sets captured at once (default
+        8, or ``TORCH_COMPILED_GRAPHS_MAX_CAPTURES``), ``cuda_graph_outputs``
+        is ``"copy"`` (each call gets its own outputs) or ``"static"`` (the
+        graph's buffers, valid until its next call); ``capture_backend``
+        replaces ``torch.cuda.CUDAGraph`` (a
+        :class:`~torch_compiled_graphs.capture.RecordingBackend` emulates it on
+        any device). See docs/run.md.
         """
         from .runner import LoadedGraph
 
-        return LoadedGraph(self, weights, device=device, strip_prefix=strip_prefix, add_prefix=add_prefix)
+        return LoadedGraph(
+            self,
+            weights,
+            device=device,
+            strip_prefix=strip_prefix,
+            add_prefix=add_prefix,
+            cuda_graphs=cuda_graphs,
+            max_captures=max_captures,
+            cuda_graph_outputs=cuda_graph_outputs,
+            capture_backend=capture_backend,
+        )
 
     def load_native(
         self,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from . import _native
 from .errors import BindingError
 
 if TYPE_CHECKING:
+    from .capture import CaptureBackend
     from .dropin import GraphModule
     from .engine import StoredCompiledGraph
 
@@ -241,9 +243,14 @@ class LoadedGraph:
         device: object = None,
         strip_prefix: str = "",
         add_prefix: str = "",
+        cuda_graphs: bool | None = None,
+        max_captures: int | None = None,
+        cuda_graph_outputs: str = "copy",
+        capture_backend: CaptureBackend | None = None,
     ) -> None:
         import torch
 
+        from . import capture
         from .native import _naming
 
         self._stored = stored
@@ -259,9 +266,6 @@ class LoadedGraph:
         #: ``first_call`` once the first call returned.
         self.timings: dict[str, float] = {}
         self._first_call_pending = True
-        #: Bumped by every change of which memory the container reads for its constants
-        #: (a rebind, a refold after an in-place change): captures of an older one are void.
-        self.binding_generation = 0
         #: Constants the binding copied instead of binding the caller's tensor in place:
         #: ``{"name", "nbytes", "reason"}`` each (docs/run.md, "Weights once").
         self.copied_constants: list[dict[str, Any]] = []
@@ -271,21 +275,44 @@ class LoadedGraph:
         self._binding: Any = None
         started = time.perf_counter()
         self.device = _device(stored, device)
-        # A .so that carries its own C++ runtime crashes torch's package loader:
-        # refused before the loader sees it.
-        _native.package_check_torch_loader(os.fspath(stored.package_path), stored.graph_class)
+        backend, max_captures, reason, fallback = capture.plan(
+            stored,
+            self.device,
+            cuda_graphs=cuda_graphs,
+            max_captures=max_captures,
+            outputs=cuda_graph_outputs,
+            backend=capture_backend,
+        )
         self._rows: dict[str, Mapping[str, Any]] = {row["fqn"]: row for row in stored.constants}
         index = -1 if self.device.type == "cpu" else int(self.device.index)
-        try:
-            # (path, entry, run_single_threaded, num_runners, device_index): positional, the
-            # form torch 2.11 and 2.15 share (2.15 adds use_stream_affinity, default False).
-            self._loader = torch._C._aoti.AOTIModelPackageLoader(
-                os.fspath(stored.package_path), stored.graph_class, False, 1, index
-            )
-        except Exception as exc:
-            raise BindingError(
-                f"cannot load {stored.package_path} entry {stored.graph_class!r}: {exc}", "run.package_invalid"
-            ) from exc
+        from ._native_loader import NativeLoader, needs_native_loader
+
+        #: What runs the graph: ``"torch"`` (torch's package loader) or ``"native"``
+        #: (the torch-free runner, for a .so that carries its own C++ runtime, which
+        #: crashes torch's loader; docs/run.md, "Which loader runs a package").
+        self.runner = "native" if needs_native_loader(stored.package_path, stored.graph_class) else "torch"
+        self._loader: Any
+        if self.runner == "native":
+            if backend is not None:
+                # The torch-free runner's container runs threaded (an event per run,
+                # which a capture would leave unqueryable): not captured yet.
+                backend, reason, fallback = None, "the torch-free runner's calls are not captured", True
+            # Typed refusals (BindingError) of the runner pass through as they are.
+            self._loader = NativeLoader(stored.package_path, stored.graph_class, index, stored.sm, stored.constants)
+        else:
+            try:
+                # (path, entry, run_single_threaded, num_runners, device_index): positional, the
+                # form torch 2.11 and 2.15 share (2.15 adds use_stream_affinity, default False).
+                # A captured graph runs single-threaded: the threaded run records an event
+                # per run that a capture turns into one the container can no longer query;
+                # calls are serialised by the capture's lock instead.
+                self._loader = torch._C._aoti.AOTIModelPackageLoader(
+                    os.fspath(stored.package_path), stored.graph_class, backend is not None, 1, index
+                )
+            except Exception as exc:
+                raise BindingError(
+                    f"cannot load {stored.package_path} entry {stored.graph_class!r}: {exc}", "run.package_invalid"
+                ) from exc
         self.timings["create_container"] = time.perf_counter() - started
         needed = set(self._loader.get_constant_fqns())
         if needed != set(self._rows):
@@ -316,6 +343,19 @@ class LoadedGraph:
 
             self._out_records = _parse_spec(out_spec, "output", records=True, unsupported="run.spec_unsupported")
         self._kwarg_names: list[str] = list(self._in_spec.child(1).context or [])
+        #: Bumped by every change of which memory the container reads for its
+        #: constants; captures of another generation are dropped (docs/run.md).
+        self._binding_generation = 0
+        self._capture = capture.GraphCapture(
+            self._loader.boxed_run,
+            backend,
+            max_captures=max_captures,
+            outputs=cuda_graph_outputs,
+            timings=self.timings,
+            reason=reason,
+            fallback=fallback,
+            name=f"load {stored.key}",
+        )
         self.rebind(weights)
         self.timings["load_total"] = time.perf_counter() - started
 
@@ -398,7 +438,9 @@ class LoadedGraph:
         # container keeps a handle to each tensor's storage without a copy; `self._binding`
         # keeps them alive too. The caller's tensors are read live (docs/run.md, "Weights once").
         started = time.perf_counter()
-        self._loader.load_constants(bound, False, True, True)
+        with self._capture.exclusive():  # no call, and no replay in flight, while constants change
+            self._loader.load_constants(bound, False, True, True)
+            self._binding_generation += 1
         timings["bind_weights"] = time.perf_counter() - started
         folds = any(row["source"] == "computed" for row in self._rows.values())
         module, module_names = None, None
@@ -420,7 +462,6 @@ class LoadedGraph:
             module=module,
             module_names=module_names,
         )
-        self.binding_generation += 1
         self._bound = bound
         self.copied_constants = copied
         # A checkpoint read by the pipeline is one allocation of the graph's own.
@@ -481,7 +522,7 @@ class LoadedGraph:
                         self._refresh(binding)
                 finally:
                     lock.acquire_shared()
-            return self._loader.boxed_run(tensors)
+            return self._capture.run(tensors, self._binding_generation)
         finally:
             lock.release_shared()
 
@@ -489,9 +530,11 @@ class LoadedGraph:
         """Copies and folds brought up to date after an in-place change of their sources
         (no call of this graph runs meanwhile: the binding's lock is held exclusive)."""
         if binding.refresh():
-            # The container recomputes its folds on the next run, into new buffers.
-            self._loader.load_constants(binding.bound, False, True, True)
-            self.binding_generation += 1
+            # The container recomputes its folds on the next run, into new buffers:
+            # captures of the old generation are dropped.
+            with self._capture.exclusive():
+                self._loader.load_constants(binding.bound, False, True, True)
+                self._binding_generation += 1
 
     def stale_constants(self) -> list[str]:
         """Names whose bound tensor was replaced out of place since binding (a parameter
@@ -499,6 +542,34 @@ class LoadedGraph:
         still reads the old tensor, and calls are refused (``run.weights_stale``) until
         :meth:`rebind`. Empty for a graph that reads only memory of its own."""
         return list(self._binding.stale()) if self._binding is not None else []
+
+    @property
+    def binding_generation(self) -> int:
+        """Bumped by every change of which memory the container reads for its constants."""
+        return self._binding_generation
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether calls are captured as CUDA graphs and replayed (docs/run.md, "CUDA graphs")."""
+        return self._capture.active
+
+    @property
+    def cuda_graphs_reason(self) -> str | None:
+        """Why calls are not captured (``None`` while they are)."""
+        return self._capture.reason
+
+    def static_outputs(self) -> AbstractContextManager[None]:
+        """Within ``with graph.static_outputs():``, calls of this thread return a replay's
+        output buffers without a copy, as ``cuda_graph_outputs="static"`` does: valid
+        only until the next call of this graph."""
+        return self._capture.static_outputs()
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Counters of the calls: ``captures``, ``replays``, ``evictions``, ``invalidated``
+        (captures dropped by a binding change), ``fallbacks``, ``capture_seconds`` (in
+        total) and ``uncaptured_runs``."""
+        return dict(self._capture.stats)
 
     def _input_name(self, position: int) -> str:
         pytree = self._stored.metadata["graph_class"]["graph"].get("pytree", {})
@@ -606,9 +677,10 @@ class LoadedGraph:
         return f"LoadedGraph(key={self._stored.key!r}, device={str(self.device)!r})"
 
 
-def load(stored: StoredCompiledGraph, weights: object, *, device: object = None) -> LoadedGraph:
-    """Load ``stored`` and bind ``weights`` (an ``nn.Module``, a state_dict or a checkpoint path)."""
-    return LoadedGraph(stored, weights, device=device)
+def load(stored: StoredCompiledGraph, weights: object, *, device: object = None, **options: Any) -> LoadedGraph:
+    """Load ``stored`` and bind ``weights`` (an ``nn.Module``, a state_dict or a checkpoint path);
+    ``options`` are :meth:`StoredCompiledGraph.load`'s."""
+    return LoadedGraph(stored, weights, device=device, **options)
 
 
 def write_weights(

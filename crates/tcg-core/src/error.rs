@@ -292,6 +292,8 @@ codes! {
     RunWeightsStale => Binding, "run.weights_stale";
     /// A LoRA whose format, targets or shapes do not fit the weights set it is fused into.
     RunLoraInvalid => Binding, "run.lora_invalid";
+    /// A load option (an argument or its environment variable) has a value outside its domain.
+    RunOptionInvalid => Binding, "run.option_invalid";
 
     IoDestinationOccupied => Io, "io.destination_occupied";
     IoDestinationNotDirectory => Io, "io.destination_not_directory";

@@ -22,6 +22,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(package_weights_contract, m)?)?;
     m.add_function(wrap_pyfunction!(package_plan_binding, m)?)?;
     m.add_function(wrap_pyfunction!(package_check_torch_loader, m)?)?;
+    m.add_function(wrap_pyfunction!(package_own_cxx_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(package_mint_record, m)?)?;
     m.add_function(wrap_pyfunction!(package_native_calls, m)?)?;
     m.add("ENVELOPE_FILE_NAME", artifact::ENVELOPE_FILE_NAME)?;
@@ -230,6 +231,20 @@ fn package_plan_binding<'py>(
 #[pyfunction]
 fn package_check_torch_loader(py: Python<'_>, package: PathBuf, entry: String) -> PyResult<()> {
     py.detach(|| artifact::package::check_torch_loader(&package, &entry))
+        .py()
+}
+
+/// The C++-runtime symbols the entry's `.so` defines: empty for a `.so` that
+/// uses the process's runtime (or none); non-empty for one that carries its
+/// own, which `load()` and parity run through the torch-free runner. A
+/// package it cannot read is `run.package_invalid`.
+#[pyfunction]
+fn package_own_cxx_runtime(
+    py: Python<'_>,
+    package: PathBuf,
+    entry: String,
+) -> PyResult<Vec<String>> {
+    py.detach(|| artifact::package::own_cxx_runtime_to_load(&package, &entry))
         .py()
 }
 

@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use tcg_core::artifact::{ConstantRow, ConstantSource};
 use tcg_core::{Code, Error};
-use tcg_run::{Device, Dim, Graph, Input, OwnedTensor, Torch};
+use tcg_run::{ConstantBuffer, Device, Dim, Graph, Input, OwnedTensor, Torch};
 
 use crate::dlpack::{capsule, DLPackInput};
 use crate::errors::IntoPyResult;
@@ -92,6 +92,8 @@ struct NativeModel {
 }
 
 type Row = (String, String, String, Vec<u64>);
+/// `(fqn, address, nbytes, dtype, shape, device)` of a caller-owned constant.
+type Buffer = (String, usize, usize, String, Vec<i64>, String);
 type Timings = Vec<(String, f64)>;
 
 fn timings(t: &tcg_run::pipeline::Timings) -> Timings {
@@ -240,6 +242,45 @@ impl NativeModel {
             .py()?;
         let t = timings(&report.timings);
         Ok((report.ignored, report.outside_prefix, t))
+    }
+
+    /// Bind caller-owned buffers as the constants, by fqn (`tcg_run::Graph::bind_buffers`):
+    /// each `(fqn, address, nbytes, dtype, shape, device)` is C-contiguous memory the
+    /// caller keeps alive and in place until the next bind or the model's drop
+    /// (the Python side holds the tensors). Returns whether the container keeps
+    /// the buffers (user-managed) rather than a copy.
+    fn bind_buffers(&self, py: Python<'_>, buffers: Vec<Buffer>) -> PyResult<bool> {
+        let buffers = buffers
+            .into_iter()
+            .map(|(fqn, data, nbytes, dtype, shape, device)| {
+                Ok(ConstantBuffer {
+                    fqn,
+                    data,
+                    nbytes,
+                    dtype,
+                    shape,
+                    device: Device::parse(&device)?,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()
+            .py()?;
+        let graph = Arc::clone(&self.inner);
+        // SAFETY: the Python caller (torch_compiled_graphs._native_loader)
+        // derives each address and length from a live torch tensor that it
+        // keeps referenced, unresized, until the next bind or until it drops
+        // this model.
+        py.detach(move || unsafe { graph.bind_buffers(&buffers) })
+            .py()
+    }
+
+    /// Every constant of the container in table order: `(fqn, folded)`.
+    #[getter]
+    fn constants(&self) -> Vec<(String, bool)> {
+        self.inner
+            .constants()
+            .iter()
+            .map(|c| (c.fqn.clone(), c.from_folded))
+            .collect()
     }
 
     /// Run on `inputs` with the work queued on `stream` (0: the legacy

@@ -121,6 +121,23 @@ pub struct Input {
     pub device: Device,
 }
 
+/// A caller-owned buffer to bind as one constant ([`Graph::bind_buffers`]).
+#[derive(Debug, Clone)]
+pub struct ConstantBuffer {
+    /// The constant's fqn, as the graph's table names it.
+    pub fqn: String,
+    /// The address of the first element (a device address on a GPU).
+    pub data: usize,
+    /// The buffer's length in bytes.
+    pub nbytes: usize,
+    /// Inductor's dtype name.
+    pub dtype: String,
+    /// The shape (C-contiguous).
+    pub shape: Vec<i64>,
+    /// Where the buffer is: the graph's device.
+    pub device: Device,
+}
+
 /// A resolved graph loaded through the wrapper's C ABI.
 pub struct Graph {
     pub(crate) torch: Arc<Torch>,
@@ -599,6 +616,26 @@ impl Graph {
             };
             tensors.push((c, t));
         }
+        let user_managed = self.hand_over(tensors)?;
+        let mut held = self.weights.lock().unwrap_or_else(|p| p.into_inner());
+        // The container now reads the new allocation (or its own copy); the
+        // previous allocation is no longer referenced and is freed here.
+        *held = if user_managed { Some(memory) } else { None };
+        timings.push(("bind_weights", started.elapsed().as_secs_f64()));
+        Ok(BindReport {
+            ignored,
+            outside_prefix,
+            bytes,
+            timings,
+        })
+    }
+
+    /// Hand `tensors` (one per constant the caller binds) to the container:
+    /// by the user-managed API where the runtime has it (the container then
+    /// keeps handles to the memory, which must outlive the next bind or the
+    /// container), else copied into the container's own buffer. Returns
+    /// whether the container keeps the memory (user-managed).
+    fn hand_over(&self, tensors: Vec<(&ContainerConstant, BorrowedTensor)>) -> Result<bool> {
         let pairs: Vec<ConstantMapEntry> = tensors
             .iter()
             .map(|(c, t)| ConstantMapEntry {
@@ -669,17 +706,134 @@ impl Graph {
             )));
         }
         drop(tensors);
-        let mut held = self.weights.lock().unwrap_or_else(|p| p.into_inner());
-        // The container now reads the new allocation (or its own copy); the
-        // previous allocation is no longer referenced and is freed here.
-        *held = if user_managed { Some(memory) } else { None };
-        timings.push(("bind_weights", started.elapsed().as_secs_f64()));
-        Ok(BindReport {
-            ignored,
-            outside_prefix,
-            bytes,
-            timings,
-        })
+        Ok(user_managed)
+    }
+
+    /// Bind caller-owned buffers as the constants, by fqn, without a copy
+    /// where the runtime has the user-managed API: the general form of what
+    /// the weights pipeline does with its own allocation (docs/run.md,
+    /// "Binding caller-owned buffers"). `buffers` holds exactly one buffer
+    /// per constant the caller binds (every constant that constant folding
+    /// does not compute: parameters, buffers, literals), each checked
+    /// against the graph's table before anything reaches the container: a
+    /// name outside the table or a folded one is `run.constant_unexpected`
+    /// (twice too), a missing one `run.constant_missing`, another dtype or
+    /// shape `run.constant_mismatch`, a length that is not the shape's
+    /// `run.input_layout`, another device `run.device_mismatch`. The folded
+    /// constants are recomputed from these on the next run. The previous
+    /// bind's memory (the pipeline's allocation, or the caller's buffers) is
+    /// no longer referenced once this returns.
+    ///
+    /// Returns whether the container keeps the buffers (user-managed); when
+    /// it does not, it copied them and the caller may free them at once.
+    ///
+    /// # Safety
+    ///
+    /// Each buffer's `data` is the address of `nbytes` bytes of C-contiguous
+    /// memory on `device` that stay allocated, at that address and unchanged
+    /// by anything but the caller's deliberate updates, until the next bind
+    /// of this graph returned or the graph is dropped.
+    pub unsafe fn bind_buffers(&self, buffers: &[ConstantBuffer]) -> Result<bool> {
+        let mut by_fqn: BTreeMap<&str, &ConstantBuffer> = BTreeMap::new();
+        for b in buffers {
+            let known = self
+                .constants
+                .iter()
+                .find(|c| c.fqn == b.fqn)
+                .ok_or_else(|| {
+                    Error::new(
+                        Code::RunConstantUnexpected,
+                        format!("the graph has no constant {:?}", b.fqn),
+                    )
+                })?;
+            if known.from_folded {
+                return Err(Error::new(
+                    Code::RunConstantUnexpected,
+                    format!(
+                        "constant {:?} is computed by constant folding; it is not bound",
+                        b.fqn
+                    ),
+                ));
+            }
+            if by_fqn.insert(b.fqn.as_str(), b).is_some() {
+                return Err(Error::new(
+                    Code::RunConstantUnexpected,
+                    format!("constant {:?} is given twice", b.fqn),
+                ));
+            }
+        }
+        let mut tensors: Vec<(&ContainerConstant, BorrowedTensor)> = Vec::new();
+        for c in self.constants.iter().filter(|c| !c.from_folded) {
+            let b = by_fqn.get(c.fqn.as_str()).ok_or_else(|| {
+                Error::new(
+                    Code::RunConstantMissing,
+                    format!("no buffer is given for constant {:?}", c.fqn),
+                )
+            })?;
+            let row = &self.rows[&c.fqn];
+            let want: Vec<i64> = row.shape.iter().map(|&d| d as i64).collect();
+            if b.dtype != c.dtype.name || b.shape != want {
+                return Err(Error::new(
+                    Code::RunConstantMismatch,
+                    format!(
+                        "constant {:?} is {}{:?}, the graph was compiled for {}{:?}",
+                        c.fqn, b.dtype, b.shape, c.dtype.name, want
+                    ),
+                ));
+            }
+            let elements = want
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?));
+            let expected = elements.and_then(|n| n.checked_mul(c.dtype.size));
+            if expected != Some(b.nbytes) || (b.data == 0 && b.nbytes > 0) {
+                return Err(Error::new(
+                    Code::RunInputLayout,
+                    format!(
+                        "the buffer of constant {:?} holds {} bytes at {:#x}, its shape needs {}",
+                        c.fqn,
+                        b.nbytes,
+                        b.data,
+                        expected.map_or_else(
+                            || "more than the address space".into(),
+                            |n| n.to_string()
+                        )
+                    ),
+                ));
+            }
+            if b.device != self.device {
+                return Err(Error::new(
+                    Code::RunDeviceMismatch,
+                    format!(
+                        "the buffer of constant {:?} is on {}, the graph runs on {}",
+                        c.fqn, b.device, self.device
+                    ),
+                ));
+            }
+            // SAFETY: `b.data` holds the constant's `nbytes` (checked against
+            // its shape and dtype, the container's) on the graph's device,
+            // alive until the next bind or the drop (the caller's contract);
+            // the handle made here drops when `hand_over` returns.
+            let t = unsafe {
+                BorrowedTensor::new(
+                    &self.torch,
+                    b.data as *mut c_void,
+                    &b.shape,
+                    c.dtype,
+                    self.device,
+                )?
+            };
+            tensors.push((c, t));
+        }
+        let user_managed = self.hand_over(tensors)?;
+        // The container reads the caller's buffers (or its own copy) now; the
+        // pipeline's allocation of an earlier bind is no longer referenced.
+        drop(
+            self.weights
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+        Ok(user_managed)
     }
 
     /// How long loading took, phase by phase, when the graph was loaded with

@@ -31,7 +31,7 @@ mod warm;
 pub mod weights;
 
 pub use cuda::{Cuda, Device};
-pub use graph::{ContainerConstant, Graph, Input};
+pub use graph::{ConstantBuffer, ContainerConstant, Graph, Input};
 pub use inputs::{Dim, InputFact};
 pub use serve::Served;
 pub use torch::{Dtype, OwnedTensor, Torch};

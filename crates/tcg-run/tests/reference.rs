@@ -431,3 +431,95 @@ fn binding_through_the_std_map_api_gives_the_same_graph() {
         .unwrap_err();
     assert_eq!(err.code(), Code::RunConstantMissing);
 }
+
+/// `ConstantBuffer`s over `weights` (f32 host vectors the caller owns).
+fn buffers(
+    weights: &std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+) -> Vec<tcg_run::ConstantBuffer> {
+    weights
+        .iter()
+        .map(|(fqn, (shape, v))| tcg_run::ConstantBuffer {
+            fqn: fqn.clone(),
+            data: v.as_ptr() as usize,
+            nbytes: std::mem::size_of_val(v.as_slice()),
+            dtype: "float32".into(),
+            shape: shape.iter().map(|&d| d as i64).collect(),
+            device: tcg_run::Device::Cpu,
+        })
+        .collect()
+}
+
+#[test]
+fn caller_owned_buffers_bind_without_a_copy_after_every_check() {
+    let u = reference();
+    let graph = load(&u).unwrap();
+    let mut weights = read_f32(&fixture("mlp-cpu.weights.safetensors"));
+    let io = read_f32(&fixture("mlp-cpu.io.safetensors"));
+    let (xs, x) = &io["x"];
+    let (_, y) = &io["y"];
+    let shape: Vec<i64> = xs.iter().map(|&d| d as i64).collect();
+
+    let refused = |bufs: &[tcg_run::ConstantBuffer]| {
+        // SAFETY: every buffer points into `weights`, alive for the test.
+        unsafe { graph.bind_buffers(bufs) }.unwrap_err().code()
+    };
+    let good = buffers(&weights);
+    assert_eq!(refused(&good[1..]), Code::RunConstantMissing);
+    let mut extra = good.clone();
+    extra.push(tcg_run::ConstantBuffer {
+        fqn: "l3.weight".into(),
+        ..good[0].clone()
+    });
+    assert_eq!(refused(&extra), Code::RunConstantUnexpected);
+    let mut twice = good.clone();
+    twice.push(good[0].clone());
+    assert_eq!(refused(&twice), Code::RunConstantUnexpected);
+    let folded = graph
+        .constants()
+        .iter()
+        .find(|c| c.from_folded)
+        .unwrap()
+        .fqn
+        .clone();
+    let mut computed = good.clone();
+    computed.push(tcg_run::ConstantBuffer {
+        fqn: folded,
+        ..good[0].clone()
+    });
+    assert_eq!(refused(&computed), Code::RunConstantUnexpected);
+    let mut shaped = good.clone();
+    shaped[0].shape.reverse();
+    shaped[0].shape.push(1);
+    assert_eq!(refused(&shaped), Code::RunConstantMismatch);
+    let mut typed = good.clone();
+    typed[0].dtype = "int32".into();
+    assert_eq!(refused(&typed), Code::RunConstantMismatch);
+    let mut short = good.clone();
+    short[0].nbytes -= 4;
+    assert_eq!(refused(&short), Code::RunInputLayout);
+    let mut placed = good.clone();
+    placed[0].device = tcg_run::Device::Cuda(0);
+    assert_eq!(refused(&placed), Code::RunDeviceMismatch);
+
+    // SAFETY: the buffers point into `weights`, alive until the rebind from
+    // the file below replaced them (only then does the test end).
+    let kept = unsafe { graph.bind_buffers(&good) }.unwrap();
+    // torch 2.15's runtime has the user-managed API.
+    assert!(kept);
+    let got = call(&graph, x, &shape).unwrap();
+    for (a, b) in got.iter().zip(y) {
+        assert!((a - b).abs() <= 1e-5 + 1e-5 * b.abs(), "{a} vs {b}");
+    }
+    // Without a copy: a change of the caller's memory reaches the graph
+    // without a rebind (the biases are read as bound, not folded).
+    for name in ["l1.bias", "l2.bias"] {
+        let bias = &mut weights.get_mut(name).unwrap().1;
+        bias.iter_mut().for_each(|v| *v += 1.0);
+    }
+    assert_ne!(call(&graph, x, &shape).unwrap(), got);
+    // A rebind from a file replaces the caller's buffers.
+    graph
+        .bind(&fixture("mlp-cpu.weights.safetensors"), None)
+        .unwrap();
+    assert_eq!(call(&graph, x, &shape).unwrap(), got);
+}

@@ -2,8 +2,10 @@
 
 Declare the cell, derive its key under the locked toolchain, refuse when this machine's
 toolchain or visible device differs from the lock and the cell's target, skip when the
-remote already has the key (one ref read), otherwise mint through ``Engine(remote=...)``'s
-``ensure`` (the fleet's single-flight; signed when a signing key is configured).
+remote holds the key as a fresh worker would take it (fetched, verified and, under a trust
+policy, signed by an allowed signer: :func:`~.verdict.remote_verdict`; a ref alone is not
+enough), otherwise mint through ``Engine(remote=...)``'s ``ensure`` (the fleet's
+single-flight; signed when a signing key is configured) and check the remote again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from ..errors import CompiledGraphError
 from .errors import EXIT_DETERMINISTIC, EXIT_DONE, EXIT_TRANSIENT, BuildError
 from .matrix import Cell, Matrix
+from .verdict import remote_verdict
 
 __all__ = [
     "CELL_ENV",
@@ -281,33 +284,72 @@ def _run(
         if root is None:
             root = os.path.join(work, "store") if matrix.remote else default_store_root()
         engine = Engine(root, remote=matrix.remote or "")
-        result.signed = engine.signing
         explanation = engine.explain(spec.declare(), target=cell.target, toolchain=lock, limit=0)
         if explanation.key != key:
             raise BuildError(f"explain derived {explanation.key}, the cell {key}", "build.cell_failed")
         state = explanation.remote
         if matrix.remote:
-            if state is not None and state.get("state") == "present":
-                result.outcome = "present"
-                return
-            if state is None or state.get("state") != "absent":
+            if state is None or state.get("state") not in ("present", "absent"):
                 reason = (state or {}).get("reason", "no answer")
                 raise BuildError(
                     f"cannot ask the remote {matrix.remote} for {key}: {reason}", "build.remote_unavailable"
                 )
+            if state["state"] == "present":
+                # A ref is not an artifact: present only when a fresh worker can take it.
+                verdict = remote_verdict(matrix.remote, key)
+                if verdict.present:
+                    result.outcome, result.signed = "present", verdict.signed
+                    return
+                result.fact = {"remote_before": verdict.fact()}
         elif explanation.present:
-            result.outcome = "present"
+            result.outcome, result.signed = "present", _signed_locally(engine, key)
             return
         done = engine.ensure(
             key, os.path.join(work, "graph"), target=_ensure_target(cell.target), toolchain=lock, recipe=lambda: spec
         )
-        if matrix.remote:
-            published = done.remote_publication
-            if published is None:
-                raise BuildError(
-                    f"{key} was compiled but not published to {matrix.remote}; a retry mints it again",
-                    "build.publish_failed",
-                )
-        result.outcome = (
-            "minted" if done.outcome is EnsureOutcome.MINTED and done.compiled_graph.source == "compiled" else "present"
+        minted = done.outcome is EnsureOutcome.MINTED and done.compiled_graph.source == "compiled"
+        if not matrix.remote:
+            result.outcome, result.signed = ("minted" if minted else "present"), _signed_locally(engine, key)
+            return
+        published = done.remote_publication
+        if minted and published is None:
+            raise BuildError(
+                f"{key} was compiled but not published to {matrix.remote}; a retry mints it again",
+                "build.publish_failed",
+            )
+        # What the fleet can take now, whatever ensure did (minted and published, fetched
+        # what another builder published meanwhile, or found it in a persistent store).
+        verdict = remote_verdict(matrix.remote, key)
+        if not verdict.present:
+            result.fact = {
+                **(result.fact or {}),
+                "remote_after": verdict.fact(),
+                "publication": None if published is None else str(published["outcome"]),
+                "source": done.compiled_graph.source,
+            }
+            raise BuildError(
+                _unservable(key, matrix.remote, done.compiled_graph.source, published, verdict, root),
+                "build.remote_unservable",
+            )
+        result.outcome = "minted" if minted else "present"
+        result.signed = verdict.signed
+
+
+def _signed_locally(engine: Any, key: str) -> bool:
+    """Without a remote: whether the stored artifact carries a valid signature record."""
+    return bool(engine.signers(key))
+
+
+def _unservable(key: str, remote: str, source: str, published: Any, verdict: Any, root: Any) -> str:
+    where = {"compiled": "minted", "remote": "fetched", "local": "found in the store"}.get(source, source)
+    text = f"{key} was {where} here, but a worker of this fleet cannot take it from {remote}: {verdict.reason}"
+    if source == "local":
+        return text + f" (the store {root} has it and the remote does not: `torch-compiled-graphs push {key}`)"
+    if published is not None and str(published["outcome"]).lower() == "divergent":
+        text += (
+            "; the remote's ref names another artifact (first writer wins): an operator mends it with "
+            f"`torch-compiled-graphs fleet repair {key}` from a store that has this one"
         )
+    if verdict.trusting:
+        text += "; under this trust policy the artifact must be signed by an allowed signer (docs/trust.md)"
+    return text

@@ -218,9 +218,14 @@ def _build(argv: list[str]) -> int:
     runs: list[CellRun] = []
     for r in rows:
         if r.index in by_index:
-            runs.append(by_index[r.index])
+            run = by_index[r.index]
+            # A cell refused before its step derived the key (toolchain, device) or whose
+            # process died still has the key the plan derived for it.
+            if run.key is None:
+                run.key = r.key
+            runs.append(run)
         else:
-            runs.append(CellRun(r.index, r.name, r.target, r.key, "present", host=host, node="plan"))
+            runs.append(CellRun(r.index, r.name, r.target, r.key, "present", host=host, node="plan", signed=r.signed))
     seconds = time.monotonic() - started
     if args.json:
         sys.stdout.write(json.dumps(report_json(matrix, args.executor, runs, seconds), sort_keys=True) + "\n")

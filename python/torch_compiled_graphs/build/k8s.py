@@ -16,6 +16,7 @@ Rendering needs no Kubernetes package; ``kubectl apply -f -`` submits it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any
 from .errors import EXIT_DETERMINISTIC, EXIT_USAGE, BuildError
 from .matrix import Cell, Matrix
 
-__all__ = ["CONTAINER", "MOUNT", "apply", "node_selector", "render"]
+__all__ = ["CONTAINER", "MOUNT", "apply", "label_value", "node_selector", "render", "resource_name"]
 
 #: Where the ConfigMap with the matrix and the lock is mounted in every pod.
 MOUNT = "/etc/tcg-build"
@@ -36,6 +37,48 @@ _MATRIX_NAME = "matrix.toml"
 
 def _dns(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
+#: A DNS label (RFC 1123): what a Job name (its pods carry it as a label value) and a
+#: label value must be.
+_LABEL_MAX = 63
+#: Targets whose DNS form loses nothing: ``sm_NN`` (``_`` is its only change, and no target
+#: has a ``-`` there) and names already of ``[a-z0-9-]``.
+_LOSSLESS = re.compile(r"sm_[0-9]+a?|[a-z0-9]([a-z0-9-]*[a-z0-9])?")
+
+
+def _short(text: str, room: int) -> str:
+    return text[: max(0, room)].strip("-")
+
+
+def resource_name(prefix: str, digest: str, part: str) -> str:
+    """``<prefix>-<digest>-<part>`` as a DNS label, one per distinct ``part``.
+
+    Kept as is when it fits in 63 characters and ``part``'s DNS form loses nothing;
+    otherwise the prefix is shortened first (then ``part``) and a hash of the exact
+    ``(prefix, digest, part)`` is appended, so two targets never render one name
+    (``cpu-x86_64`` and ``cpu-x86.64`` share a DNS form, and a long prefix used to cut
+    the target off).
+    """
+    head, tail = _dns(prefix), _dns(part)
+    plain = "-".join(p for p in (head, digest, tail) if p)
+    if len(plain) <= _LABEL_MAX and _LOSSLESS.fullmatch(part):
+        return plain
+    tag = hashlib.sha256(json.dumps([prefix, digest, part]).encode("utf-8")).hexdigest()[:10]
+    # digest, tag and three '-' are fixed; the target keeps at least 30 characters.
+    room = _LABEL_MAX - len(digest) - len(tag) - 3
+    tail = _short(tail, room - min(len(head), 12))
+    head = _short(head, room - len(tail))
+    return "-".join(p for p in (head, digest, tail, tag) if p)
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value (at most 63, alphanumeric at both ends), distinct per text."""
+    plain = _dns(text)
+    if len(plain) <= _LABEL_MAX and _LOSSLESS.fullmatch(text):
+        return plain
+    tag = hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
+    return "-".join(p for p in (_short(plain, _LABEL_MAX - len(tag) - 1), tag) if p)
 
 
 def node_selector(matrix: Matrix, target: str) -> dict[str, str]:
@@ -93,8 +136,11 @@ def _job(matrix: Matrix, target: str, cells: list[Cell], config_name: str) -> di
     if k.get("service_account"):
         pod["serviceAccountName"] = str(k["service_account"])
     n = len(cells)
-    name = _dns(f"{k.get('name', 'tcg-build')}-{matrix.digest[:8]}-{target}")[:63].rstrip("-")
-    labels = {"app.kubernetes.io/name": "torch-compiled-graphs-build", "torch-compiled-graphs/target": _dns(target)}
+    name = resource_name(str(k.get("name", "tcg-build")), matrix.digest[:8], target)
+    labels = {
+        "app.kubernetes.io/name": "torch-compiled-graphs-build",
+        "torch-compiled-graphs/target": label_value(target),
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -124,7 +170,7 @@ def _job(matrix: Matrix, target: str, cells: list[Cell], config_name: str) -> di
 
 def render(matrix: Matrix, cells: list[Cell]) -> dict[str, Any]:
     """The manifest (a ``v1`` ``List``) that builds ``cells``: a ConfigMap and a Job per target."""
-    config_name = _dns(f"{matrix.k8s.get('name', 'tcg-build')}-{matrix.digest[:8]}-matrix")
+    config_name = resource_name(str(matrix.k8s.get("name", "tcg-build")), matrix.digest[:8], "matrix")
     items: list[dict[str, Any]] = []
     by_target: dict[str, list[Cell]] = {}
     for cell in cells:
@@ -138,8 +184,18 @@ def render(matrix: Matrix, cells: list[Cell]) -> dict[str, Any]:
                 "data": {_MATRIX_NAME: matrix.text, _LOCK_NAME: matrix.toolchain_path.read_text(encoding="utf-8")},
             }
         )
+    seen: dict[str, str] = {}
     for target, group in by_target.items():
-        items.append(_job(matrix, target, group, config_name))
+        job = _job(matrix, target, group, config_name)
+        name = job["metadata"]["name"]
+        if name in seen or name == config_name:
+            # `kubectl apply` would patch one object with the other: refused, never rendered.
+            raise BuildError(
+                f"the Jobs of targets {seen.get(name, 'matrix')!r} and {target!r} would share the name {name!r}",
+                "build.executor_invalid",
+            )
+        seen[name] = target
+        items.append(job)
     return {"apiVersion": "v1", "kind": "List", "items": items}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import sys
@@ -20,17 +21,22 @@ from typing import Any
 
 from .errors import BuildError
 
-__all__ = ["MATRIX_FORMAT", "Cell", "Matrix", "load_lock", "load_matrix", "parse_matrix"]
+__all__ = ["MATRIX_FORMAT", "MAX_CELLS", "Cell", "Matrix", "load_lock", "load_matrix", "parse_matrix"]
 
 #: The matrix file's format version (the ``format`` member).
 MATRIX_FORMAT = 1
+
+#: Most cells a matrix may describe unless its ``max_cells`` says otherwise: a grid is a
+#: product, so a few hundred bytes can describe 10**10 cells; they are counted before
+#: any is made and a larger matrix is refused (``build.matrix_too_large``).
+MAX_CELLS = 10_000
 
 _TARGET = re.compile(r"cpu|cpu-[a-z0-9_.-]+|sm_[0-9]+a?")
 _CALLABLE = re.compile(
     r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 )
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_TOP = {"format", "remote", "toolchain", "targets", "store", "recipes", "local", "ray", "k8s"}
+_TOP = {"format", "remote", "toolchain", "targets", "store", "max_cells", "recipes", "local", "ray", "k8s"}
 _RECIPE = {"name", "callable", "targets", "grid", "params"}
 _SCALARS = (str, int, float, bool)
 
@@ -143,6 +149,99 @@ def _table(value: object, path: Path, where: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _max_cells(value: object, path: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _invalid(path, f"max_cells must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _kind(value: object) -> str:
+    """A TOML value's kind, as a message names it."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__  # dates and times
+
+
+def _is_int(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _is_str_table(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+#: Every executor setting with what it must be: (check, what the message says it must be).
+#: Checked at parse time so that a wrong type is ``build.matrix_invalid`` naming the field,
+#: never a traceback in an executor.
+_SECTIONS: dict[str, dict[str, tuple[Any, str]]] = {
+    "local": {
+        "parallelism": (lambda v: _is_int(v, 1), "an integer >= 1"),
+        "retries": (lambda v: _is_int(v, 0), "an integer >= 0"),
+    },
+    "ray": {
+        "address": (_is_str, "a non-empty string"),
+        "num_cpus": (
+            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
+            "a number > 0",
+        ),
+        "retries": (lambda v: _is_int(v, 0), "an integer >= 0"),
+        "accelerator_types": (_is_str_table, "a table of target = accelerator type strings"),
+    },
+    "k8s": {
+        "image": (_is_str, "a non-empty string"),
+        "namespace": (
+            lambda v: isinstance(v, str) and _DNS_LABEL.fullmatch(v) is not None,
+            "a Kubernetes namespace name (lowercase letters, digits and '-', at most 63)",
+        ),
+        "name": (_is_str, "a non-empty string"),
+        "parallelism": (lambda v: _is_int(v, 1), "an integer >= 1"),
+        "backoff_limit_per_index": (lambda v: _is_int(v, 0), "an integer >= 0"),
+        "service_account": (_is_str, "a non-empty string"),
+        "env": (_is_str_table, 'a table of NAME = "value" strings'),
+        "env_from_secrets": (
+            lambda v: isinstance(v, list) and all(_is_str(x) for x in v),
+            "an array of secret names (strings)",
+        ),
+        "cpu": (_is_str, 'a string quantity such as "4" or "500m"'),
+        "memory": (_is_str, 'a string quantity such as "16Gi"'),
+        "node_selectors": (
+            lambda v: isinstance(v, dict) and all(_is_str_table(t) for t in v.values()),
+            'a table of target = { label = "value" } tables',
+        ),
+        "python": (_is_str, "a non-empty string"),
+    },
+}
+
+
+def _section(value: object, path: Path, section: str) -> dict[str, Any]:
+    table = _table(value, path, section)
+    allowed = _SECTIONS[section]
+    extra = sorted(set(table) - set(allowed))
+    if extra:
+        raise _invalid(path, f"[{section}]: unknown member(s) {', '.join(extra)} (known: {', '.join(sorted(allowed))})")
+    for member, item in table.items():
+        check, wanted = allowed[member]
+        if not check(item):
+            raise _invalid(path, f"[{section}] {member} must be {wanted}, got {_kind(item)} ({item!r})")
+    return table
+
+
 def parse_matrix(text: str, path: str | os.PathLike[str]) -> Matrix:
     """Parse and validate a matrix's text; ``path`` anchors the relative paths in it."""
     where = Path(path).absolute()
@@ -167,8 +266,9 @@ def parse_matrix(text: str, path: str | os.PathLike[str]) -> Matrix:
     recipes = data.get("recipes")
     if not isinstance(recipes, list) or not recipes:
         raise _invalid(where, "no [[recipes]]: a matrix needs at least one recipe")
-    cells: list[Cell] = []
     names: set[str] = set()
+    expansions: list[tuple[str, str, list[str], dict[str, Any], dict[str, list[Any]]]] = []
+    count = 0
     for i, recipe in enumerate(recipes):
         label = f"recipes[{i}]"
         if not isinstance(recipe, dict):
@@ -208,39 +308,25 @@ def parse_matrix(text: str, path: str | os.PathLike[str]) -> Matrix:
                 raise _invalid(where, f"{label}: {k!r} is both a grid parameter and a fixed parameter")
         if "target" in grid or "target" in params:
             raise _invalid(where, f"{label}: 'target' is the cell's target, not a parameter")
+        # Counted from the axis lengths (Python ints: no overflow), before anything is made.
+        count += math.prod(len(values) for values in grid.values()) * len(targets)
+        expansions.append((name, target_fn, targets, params, grid))
+    sections = {section: _section(data.get(section), where, section) for section in _SECTIONS}
+    cap = _max_cells(data.get("max_cells", MAX_CELLS), where)
+    if count > cap:
+        raise BuildError(
+            f"{where}: the matrix describes {count} cells, more than the cap of {cap} "
+            "(raise it with max_cells = N at the top of the matrix if that many are meant)",
+            "build.matrix_too_large",
+        )
+    cells: list[Cell] = []
+    for name, target_fn, targets, params, grid in expansions:
         keys = list(grid)
         for combo in itertools.product(*(grid[k] for k in keys)):
             for target in targets:
                 cells.append(
                     Cell(len(cells), name, target_fn, target, {**params, **dict(zip(keys, combo, strict=True))})
                 )
-    known_sections = {
-        "local": {"parallelism", "retries"},
-        "ray": {"address", "num_cpus", "retries", "accelerator_types"},
-        "k8s": {
-            "image",
-            "namespace",
-            "name",
-            "parallelism",
-            "backoff_limit_per_index",
-            "service_account",
-            "env",
-            "env_from_secrets",
-            "cpu",
-            "memory",
-            "node_selectors",
-            "python",
-        },
-    }
-    sections: dict[str, dict[str, Any]] = {}
-    for section, allowed in known_sections.items():
-        table = _table(data.get(section), where, section)
-        extra = sorted(set(table) - allowed)
-        if extra:
-            raise _invalid(
-                where, f"[{section}]: unknown member(s) {', '.join(extra)} (known: {', '.join(sorted(allowed))})"
-            )
-        sections[section] = table
     return Matrix(
         where,
         text,

@@ -46,6 +46,8 @@ class PlanRow:
     key: str | None
     state: str  # present | needs-mint | unknown
     reason: str | None = None
+    #: For a present cell: signed as :class:`~.verdict.RemoteVerdict` says.
+    signed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +58,7 @@ class PlanRow:
             "key": self.key,
             "state": self.state,
             "reason": self.reason,
+            "signed": self.signed,
         }
 
 
@@ -102,6 +105,10 @@ class CellRun:
 def plan(matrix: Matrix, indices: Iterable[int] | None = None) -> list[PlanRow]:
     """Export and declare every cell here, derive its key under the lock and ask the remote.
 
+    A cell whose key has a ref on the remote is ``present`` only when a fresh worker with
+    this process's trust policy can take it (fetched into a private store and verified:
+    :func:`~.verdict.remote_verdict`); otherwise it ``needs-mint`` with the reason.
+
     A cell whose recipe cannot run on this machine (a GPU model, say) or whose state the
     remote cannot tell is ``unknown``: it is run, and its cell step decides. A ``cpu``
     cell's key uses this machine's CPU level (name a concrete ``cpu-<level>`` when the
@@ -111,6 +118,7 @@ def plan(matrix: Matrix, indices: Iterable[int] | None = None) -> list[PlanRow]:
 
     from ..engine import Engine
     from .cell import CELL_ENV, _call_recipe, cell_key
+    from .verdict import remote_verdict
 
     lock = matrix.lock()
     rows: list[PlanRow] = []
@@ -134,13 +142,17 @@ def plan(matrix: Matrix, indices: Iterable[int] | None = None) -> list[PlanRow]:
             if matrix.remote:
                 state = explanation.remote or {}
                 if state.get("state") == "present":
-                    row.state = "present"
+                    # The ref names something: present only if a fresh worker can take it.
+                    verdict = remote_verdict(matrix.remote, row.key)
+                    row.state = "present" if verdict.present else "needs-mint"
+                    row.reason, row.signed = verdict.reason, verdict.signed
                 elif state.get("state") == "absent":
                     row.state = "needs-mint"
                 else:
                     row.reason = f"the remote cannot tell: {state.get('reason', 'no answer')}"
             else:
                 row.state = "present" if explanation.present else "needs-mint"
+                row.signed = row.state == "present" and bool(engine.signers(row.key))
     if saved is not None:
         os.environ[CELL_ENV] = saved
     return rows

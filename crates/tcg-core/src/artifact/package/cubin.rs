@@ -31,12 +31,8 @@ pub fn cubin_sm(member: &str, bytes: &[u8]) -> Result<u32> {
             format_args!("e_machine is {}, not {EM_CUDA} (CUDA)", info.machine),
         ));
     }
-    let e_flags = u32::from_le_bytes(
-        bytes[0x30..0x34]
-            .try_into()
-            .expect("parse_elf checked 64 bytes"),
-    );
-    let abi_version = bytes[8];
+    let e_flags = info.flags;
+    let abi_version = bytes[goblin::elf::header::EI_ABIVERSION];
     Ok(if abi_version >= 8 {
         (e_flags >> 8) & 0xff
     } else {

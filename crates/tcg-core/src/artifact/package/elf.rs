@@ -1,32 +1,47 @@
-//! A bounded ELF64 little-endian section-table reader (SPEC-v1 §8.6) and the
-//! machine table (§8.7). Every offset is computed with checked arithmetic;
+//! A bounded ELF64 little-endian section-table reader (SPEC-v1 §8.6), the
+//! machine table (§8.7) and the C++-runtime test of a shared object.
+//!
+//! The structures are decoded by `goblin` (its ELF64 `Header`,
+//! `SectionHeader` and `Sym`, read with `scroll`); what stays here are the
+//! acceptance rules goblin does not apply (only ELF64 little-endian, the
+//! section table inside the file, a bounded `SHT_STRTAB` name table, names
+//! NUL-terminated UTF-8) and the bounds on what is read, so memory and time
+//! stay linear in the file. Every offset is computed with checked arithmetic;
 //! every refusal is `artifact.elf_invalid`.
 
 use std::collections::BTreeMap;
 use std::io::Read;
 
+use goblin::elf::header::{
+    EI_CLASS, EI_DATA, EI_VERSION, ELFCLASS64, ELFDATA2LSB, ELFMAG, EV_CURRENT,
+};
+use goblin::elf64::header::{Header, SIZEOF_EHDR};
+use goblin::elf64::section_header::{SectionHeader, SIZEOF_SHDR};
+use scroll::{Pread, LE};
+
 use crate::error::{Code, Error, Result};
 
 /// `SHT_NULL`.
-pub const SHT_NULL: u32 = 0;
+pub const SHT_NULL: u32 = goblin::elf::section_header::SHT_NULL;
 /// `SHT_PROGBITS`.
-pub const SHT_PROGBITS: u32 = 1;
+pub const SHT_PROGBITS: u32 = goblin::elf::section_header::SHT_PROGBITS;
 /// `SHT_STRTAB`.
-pub const SHT_STRTAB: u32 = 3;
+pub const SHT_STRTAB: u32 = goblin::elf::section_header::SHT_STRTAB;
 /// `SHT_NOBITS`.
-pub const SHT_NOBITS: u32 = 8;
+pub const SHT_NOBITS: u32 = goblin::elf::section_header::SHT_NOBITS;
 /// Largest section-name string table accepted (16 MiB).
 pub const MAX_STRTAB_BYTES: u64 = 16 * 1024 * 1024;
 
 /// The `e_machine` value that a recorded `host_isa.machine` requires, or
 /// `None` for a machine outside the table (§8.7).
 pub fn expected_e_machine(machine: &str) -> Option<u16> {
+    use goblin::elf::header::{EM_AARCH64, EM_LOONGARCH, EM_PPC64, EM_RISCV, EM_X86_64};
     match machine {
-        "x86_64" => Some(62),
-        "aarch64" => Some(183),
-        "ppc64le" => Some(21),
-        "riscv64" => Some(243),
-        "loongarch64" => Some(258),
+        "x86_64" => Some(EM_X86_64),
+        "aarch64" => Some(EM_AARCH64),
+        "ppc64le" => Some(EM_PPC64),
+        "riscv64" => Some(EM_RISCV),
+        "loongarch64" => Some(EM_LOONGARCH),
         _ => None,
     }
 }
@@ -36,6 +51,8 @@ pub fn expected_e_machine(machine: &str) -> Option<u16> {
 pub struct ElfInfo {
     /// `e_machine`.
     pub machine: u16,
+    /// `e_flags` (a cubin's SM lives there).
+    pub flags: u32,
     /// Total section size per section name (duplicate names aggregate).
     pub section_sizes: BTreeMap<String, u64>,
 }
@@ -47,25 +64,8 @@ impl ElfInfo {
     }
 }
 
-fn invalid(what: impl std::fmt::Display) -> Error {
+pub(super) fn invalid(what: impl std::fmt::Display) -> Error {
     Error::new(Code::ArtifactElfInvalid, format!("ELF: {what}"))
-}
-
-fn u16_at(b: &[u8], off: u64) -> Result<u16> {
-    let s = slice(b, off, 2)?;
-    Ok(u16::from_le_bytes([s[0], s[1]]))
-}
-
-fn u32_at(b: &[u8], off: u64) -> Result<u32> {
-    let s = slice(b, off, 4)?;
-    Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-}
-
-fn u64_at(b: &[u8], off: u64) -> Result<u64> {
-    let s = slice(b, off, 8)?;
-    let mut a = [0u8; 8];
-    a.copy_from_slice(s);
-    Ok(u64::from_le_bytes(a))
 }
 
 fn slice(b: &[u8], off: u64, len: u64) -> Result<&[u8]> {
@@ -76,89 +76,74 @@ fn slice(b: &[u8], off: u64, len: u64) -> Result<&[u8]> {
     Ok(&b[off as usize..end as usize])
 }
 
-/// The checked ELF header facts (§8.6).
-#[derive(Debug, Clone, Copy)]
-struct Header {
-    size: u64,
-    machine: u16,
-    shoff: u64,
-    shentsize: u64,
-    shnum: u64,
-    shstrndx: u64,
+/// Decode one ELF64 little-endian structure at the start of `bytes`.
+pub(super) fn read<'a, T, E>(bytes: &'a [u8], what: &str) -> Result<T>
+where
+    T: scroll::ctx::TryFromCtx<'a, scroll::Endian, Error = E>,
+    E: From<scroll::Error> + std::fmt::Display,
+{
+    bytes
+        .pread_with(0, LE)
+        .map_err(|e| invalid(format_args!("cannot read the {what}: {e}")))
 }
 
-/// The fields of one section header the verifier reads.
-#[derive(Debug, Clone, Copy)]
-struct Sh {
-    name: u32,
-    kind: u32,
-    offset: u64,
-    size: u64,
-}
-
-/// Bytes of each section header that hold the fields read (`sh_size` ends at
-/// +0x28).
-const SH_PREFIX: usize = 0x28;
-
-fn parse_header(b: &[u8], size: u64) -> Result<Header> {
-    if size < 64 || b.len() < 64 {
+/// The ELF header of a file of `size` bytes whose first bytes are `head`,
+/// with the acceptance rules of §8.6 applied: ELF64, little-endian, version 1,
+/// a section table of at least one 64-byte entry inside the file.
+pub(super) fn parse_header(head: &[u8], size: u64) -> Result<Header> {
+    if size < SIZEOF_EHDR as u64 || head.len() < SIZEOF_EHDR {
         return Err(invalid(format_args!(
             "file is {size} bytes, shorter than an ELF64 header"
         )));
     }
-    if &b[..4] != b"\x7fELF" {
+    if &head[..4] != ELFMAG {
         return Err(invalid("bad magic"));
     }
-    if b[4] != 2 {
+    if head[EI_CLASS] != ELFCLASS64 {
         return Err(invalid(format_args!(
             "EI_CLASS is {}, only ELF64 (2) is accepted",
-            b[4]
+            head[EI_CLASS]
         )));
     }
-    if b[5] != 1 {
+    if head[EI_DATA] != ELFDATA2LSB {
         return Err(invalid(format_args!(
             "EI_DATA is {}, only little-endian (1) is accepted",
-            b[5]
+            head[EI_DATA]
         )));
     }
-    if b[6] != 1 {
-        return Err(invalid(format_args!("EI_VERSION is {}, expected 1", b[6])));
+    if head[EI_VERSION] != EV_CURRENT {
+        return Err(invalid(format_args!(
+            "EI_VERSION is {}, expected 1",
+            head[EI_VERSION]
+        )));
     }
-    let h = Header {
-        size,
-        machine: u16_at(b, 0x12)?,
-        shoff: u64_at(b, 0x28)?,
-        shentsize: u16_at(b, 0x3a)? as u64,
-        shnum: u16_at(b, 0x3c)? as u64,
-        shstrndx: u16_at(b, 0x3e)? as u64,
-    };
-    if h.shoff < 64 {
+    let h: Header = read(head, "ELF header")?;
+    if h.e_shoff < SIZEOF_EHDR as u64 {
         return Err(invalid(format_args!(
             "e_shoff {} lies inside the ELF header",
-            h.shoff
+            h.e_shoff
         )));
     }
-    if h.shnum == 0 {
+    if h.e_shnum == 0 {
         return Err(invalid(
             "e_shnum is 0 (extended section numbering is unsupported)",
         ));
     }
-    if h.shentsize < 64 {
+    if (h.e_shentsize as usize) < SIZEOF_SHDR {
         return Err(invalid(format_args!(
             "e_shentsize {} is smaller than 64",
-            h.shentsize
+            h.e_shentsize
         )));
     }
-    if h.shstrndx >= h.shnum {
+    if h.e_shstrndx >= h.e_shnum {
         return Err(invalid(format_args!(
             "e_shstrndx {} is not below e_shnum {}",
-            h.shstrndx, h.shnum
+            h.e_shstrndx, h.e_shnum
         )));
     }
-    let table_end = h
-        .shentsize
-        .checked_mul(h.shnum)
-        .and_then(|t| t.checked_add(h.shoff))
+    let table_end = (h.e_shentsize as u64)
+        .checked_mul(h.e_shnum as u64)
+        .and_then(|t| t.checked_add(h.e_shoff))
         .ok_or_else(|| invalid("section table size overflows"))?;
     if table_end > size {
         return Err(invalid(format_args!(
@@ -168,69 +153,79 @@ fn parse_header(b: &[u8], size: u64) -> Result<Header> {
     Ok(h)
 }
 
-fn section(prefix: &[u8]) -> Result<Sh> {
-    Ok(Sh {
-        name: u32_at(prefix, 0)?,
-        kind: u32_at(prefix, 4)?,
-        offset: u64_at(prefix, 0x18)?,
-        size: u64_at(prefix, 0x20)?,
-    })
+/// The `(offset, length)` of each section header of `h` (length 64: the
+/// fields of an ELF64 section header; a larger `e_shentsize` pads).
+pub(super) fn section_ranges(h: &Header) -> Vec<(u64, u64)> {
+    (0..h.e_shnum as u64)
+        .map(|i| (h.e_shoff + i * h.e_shentsize as u64, SIZEOF_SHDR as u64))
+        .collect()
+}
+
+/// Decode the section headers gathered at [`section_ranges`].
+pub(super) fn sections(raw: &[Vec<u8>]) -> Result<Vec<SectionHeader>> {
+    raw.iter().map(|b| read(b, "section header")).collect()
 }
 
 /// The range of the section-name string table, checked (§8.6).
-fn strtab_range(h: &Header, sections: &[Sh]) -> Result<(u64, u64)> {
-    let st = &sections[h.shstrndx as usize];
-    if st.kind != SHT_STRTAB {
+fn strtab_range(h: &Header, size: u64, sections: &[SectionHeader]) -> Result<(u64, u64)> {
+    let st = &sections[h.e_shstrndx as usize];
+    if st.sh_type != SHT_STRTAB {
         return Err(invalid(format_args!(
             "section name table has type {}, expected SHT_STRTAB",
-            st.kind
+            st.sh_type
         )));
     }
-    if st.size == 0 || st.size > MAX_STRTAB_BYTES {
+    if st.sh_size == 0 || st.sh_size > MAX_STRTAB_BYTES {
         return Err(invalid(format_args!(
             "section name table size {} is not in 1..=16 MiB",
-            st.size
+            st.sh_size
         )));
     }
-    match st.offset.checked_add(st.size) {
-        Some(end) if end <= h.size => Ok((st.offset, st.size)),
+    match st.sh_offset.checked_add(st.sh_size) {
+        Some(end) if end <= size => Ok((st.sh_offset, st.sh_size)),
         _ => Err(invalid("section name table lies outside the file")),
     }
 }
 
-fn finish(h: &Header, sections: &[Sh], strtab: &[u8]) -> Result<ElfInfo> {
+/// The NUL-terminated string at `start` of a string table, or `None` when
+/// `start` lies outside it or the string has no NUL.
+pub(super) fn string_at(table: &[u8], start: usize) -> Option<&[u8]> {
+    let rest = table.get(start..)?;
+    let nul = memchr::memchr(0, rest)?;
+    Some(&rest[..nul])
+}
+
+fn finish(h: &Header, size: u64, sections: &[SectionHeader], strtab: &[u8]) -> Result<ElfInfo> {
     let mut section_sizes: BTreeMap<String, u64> = BTreeMap::new();
     for (i, sh) in sections.iter().enumerate() {
-        if sh.kind != SHT_NULL && sh.kind != SHT_NOBITS {
-            let inside = matches!(sh.offset.checked_add(sh.size), Some(e) if e <= h.size);
+        if sh.sh_type != SHT_NULL && sh.sh_type != SHT_NOBITS {
+            let inside = matches!(sh.sh_offset.checked_add(sh.sh_size), Some(e) if e <= size);
             if !inside {
                 return Err(invalid(format_args!("section {i} lies outside the file")));
             }
         }
-        let start = sh.name as usize;
+        let start = sh.sh_name as usize;
         if start >= strtab.len() {
             return Err(invalid(format_args!(
                 "section {i} name offset {start} lies outside the string table"
             )));
         }
-        let rest = &strtab[start..];
-        let nul = rest
-            .iter()
-            .position(|&c| c == 0)
+        let name = string_at(strtab, start)
             .ok_or_else(|| invalid(format_args!("section {i} name is not NUL-terminated")))?;
-        let name = std::str::from_utf8(&rest[..nul])
+        let name = std::str::from_utf8(name)
             .map_err(|_| invalid(format_args!("section {i} name is not UTF-8")))?;
-        if name == ".lrodata" && sh.kind != SHT_PROGBITS {
+        if name == ".lrodata" && sh.sh_type != SHT_PROGBITS {
             return Err(invalid(format_args!(
                 ".lrodata section {i} has type {}, expected PROGBITS",
-                sh.kind
+                sh.sh_type
             )));
         }
         let total = section_sizes.entry(name.to_owned()).or_insert(0);
-        *total = total.saturating_add(sh.size);
+        *total = total.saturating_add(sh.sh_size);
     }
     Ok(ElfInfo {
-        machine: h.machine,
+        machine: h.e_machine,
+        flags: h.e_flags,
         section_sizes,
     })
 }
@@ -238,12 +233,15 @@ fn finish(h: &Header, sections: &[Sh], strtab: &[u8]) -> Result<ElfInfo> {
 /// Parse the section table of an ELF64 little-endian file held in memory
 /// (§8.6).
 pub fn parse_elf(b: &[u8]) -> Result<ElfInfo> {
-    let h = parse_header(b, b.len() as u64)?;
-    let sections = (0..h.shnum)
-        .map(|i| section(slice(b, h.shoff + i * h.shentsize, SH_PREFIX as u64)?))
-        .collect::<Result<Vec<Sh>>>()?;
-    let (off, len) = strtab_range(&h, &sections)?;
-    finish(&h, &sections, slice(b, off, len)?)
+    let size = b.len() as u64;
+    let h = parse_header(b, size)?;
+    let raw = section_ranges(&h)
+        .into_iter()
+        .map(|(off, len)| slice(b, off, len).map(<[u8]>::to_vec))
+        .collect::<Result<Vec<_>>>()?;
+    let sections = sections(&raw)?;
+    let (off, len) = strtab_range(&h, size, &sections)?;
+    finish(&h, size, &sections, slice(b, off, len)?)
 }
 
 /// Copy the part of `chunk` (at file offset `at`) that falls in
@@ -297,48 +295,40 @@ pub type Reopen<'a> = &'a mut dyn FnMut(&mut dyn FnMut(&mut dyn Read) -> Result<
 /// one pass for the header and the section headers (reading the whole stream,
 /// so its CRC is checked), and a second for the name table.
 pub fn parse_elf_stream(size: u64, reopen: Reopen<'_>) -> Result<ElfInfo> {
-    let mut head = [0u8; 64];
+    let mut head = [0u8; SIZEOF_EHDR];
     let mut header: Option<Result<Header>> = None;
-    let mut prefixes: Vec<u8> = Vec::new();
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    let mut raw: Vec<Vec<u8>> = Vec::new();
     reopen(&mut |src| {
         stream(src, size, &mut |chunk, at| {
             capture(chunk, at, 0, &mut head);
-            if header.is_none() && at + chunk.len() as u64 >= 64 {
+            if header.is_none() && at + chunk.len() as u64 >= SIZEOF_EHDR as u64 {
                 let h = parse_header(&head, size);
                 if let Ok(h) = &h {
-                    prefixes = vec![0u8; h.shnum as usize * SH_PREFIX];
+                    // At most 65535 entries of 64 bytes: 4 MiB.
+                    ranges = section_ranges(h);
+                    raw = vec![vec![0u8; SIZEOF_SHDR]; ranges.len()];
                 }
                 header = Some(h);
             }
-            if let Some(Ok(h)) = &header {
-                for i in 0..h.shnum as usize {
-                    let start = h.shoff + i as u64 * h.shentsize;
-                    if start >= at + chunk.len() as u64 {
-                        break;
-                    }
-                    capture(
-                        chunk,
-                        at,
-                        start,
-                        &mut prefixes[i * SH_PREFIX..(i + 1) * SH_PREFIX],
-                    );
+            for (dst, &(start, _)) in raw.iter_mut().zip(&ranges) {
+                if start >= at + chunk.len() as u64 {
+                    break;
                 }
+                capture(chunk, at, start, dst);
             }
         })
     })?;
     let h = header.unwrap_or_else(|| parse_header(&head, size))?;
-    let sections = prefixes
-        .chunks(SH_PREFIX)
-        .map(section)
-        .collect::<Result<Vec<Sh>>>()?;
-    let (off, len) = strtab_range(&h, &sections)?;
+    let sections = sections(&raw)?;
+    let (off, len) = strtab_range(&h, size, &sections)?;
     let mut strtab = vec![0u8; len as usize];
     reopen(&mut |src| {
         stream(src, size, &mut |chunk, at| {
             capture(chunk, at, off, &mut strtab)
         })
     })?;
-    finish(&h, &sections, &strtab)
+    finish(&h, size, &sections, &strtab)
 }
 
 /// A minimal valid ELF64 little-endian shared object for tests and the

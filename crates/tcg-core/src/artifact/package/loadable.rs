@@ -28,12 +28,26 @@ use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 
-use super::elf::{stream, Reopen};
-use crate::error::{Code, Error, Result};
+use goblin::elf::dynamic::{
+    DT_FINI, DT_FINI_ARRAY, DT_FINI_ARRAYSZ, DT_GNU_HASH, DT_HASH, DT_INIT, DT_INIT_ARRAY,
+    DT_INIT_ARRAYSZ, DT_JMPREL, DT_NEEDED, DT_NULL, DT_PLTREL, DT_PLTRELSZ, DT_PREINIT_ARRAY,
+    DT_REL, DT_RELA, DT_RELAENT, DT_RELASZ, DT_RELENT, DT_RELSZ, DT_RPATH, DT_RUNPATH, DT_SONAME,
+    DT_STRSZ, DT_STRTAB, DT_SYMENT, DT_SYMTAB, DT_VERDEF, DT_VERNEED, DT_VERSYM,
+};
+use goblin::elf::header::ET_DYN;
+use goblin::elf::program_header::{
+    PF_W, PF_X, PT_DYNAMIC, PT_GNU_EH_FRAME, PT_GNU_PROPERTY, PT_GNU_RELRO, PT_INTERP, PT_LOAD,
+    PT_NOTE, PT_PHDR, PT_TLS,
+};
+use goblin::elf::section_header::{
+    SHF_ALLOC, SHF_EXECINSTR, SHF_TLS, SHF_WRITE, SHT_DYNAMIC, SHT_NOBITS,
+};
+use goblin::elf64::dynamic::{Dyn, SIZEOF_DYN};
+use goblin::elf64::header::SIZEOF_EHDR;
+use goblin::elf64::program_header::{ProgramHeader, SIZEOF_PHDR};
 
-fn invalid(what: impl std::fmt::Display) -> Error {
-    Error::new(Code::ArtifactElfInvalid, format!("ELF: {what}"))
-}
+use super::elf::{invalid, parse_header, read, section_ranges, sections, stream, Reopen};
+use crate::error::{Error, Result};
 
 /// Byte ranges of a shared object, however it is held.
 pub trait Ranges {
@@ -136,48 +150,12 @@ impl Ranges for StreamRanges<'_> {
     }
 }
 
-const ET_DYN: u16 = 3;
-const PT_LOAD: u32 = 1;
-const PT_DYNAMIC: u32 = 2;
-const PT_INTERP: u32 = 3;
-const PT_NOTE: u32 = 4;
-const PT_PHDR: u32 = 6;
-const PT_TLS: u32 = 7;
-const PT_GNU_EH_FRAME: u32 = 0x6474_e550;
-const PT_GNU_RELRO: u32 = 0x6474_e552;
-const PT_GNU_PROPERTY: u32 = 0x6474_e553;
-const PF_X: u32 = 1;
-const PF_W: u32 = 2;
-const SHF_WRITE: u64 = 1;
-const SHF_ALLOC: u64 = 2;
-const SHF_EXECINSTR: u64 = 4;
-const SHF_TLS: u64 = 0x400;
-const SHT_NOBITS: u32 = 8;
-const SHT_DYNAMIC: u32 = 6;
 /// Largest dynamic section read (1 MiB: real ones hold a few dozen entries).
 const MAX_DYNAMIC_BYTES: u64 = 1 << 20;
 const MIN_ALIGN: u64 = 4096;
-
-#[derive(Debug, Clone, Copy)]
-struct Ph {
-    kind: u32,
-    flags: u32,
-    offset: u64,
-    vaddr: u64,
-    filesz: u64,
-    memsz: u64,
-    align: u64,
-}
-
-fn le16(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-fn le32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-fn le64(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
+/// `DT_RELRSZ` and `DT_RELR` (glibc 2.36; goblin names neither).
+const DT_RELRSZ: u64 = 35;
+const DT_RELR: u64 = 36;
 
 fn end(start: u64, len: u64, what: &str) -> Result<u64> {
     start
@@ -187,19 +165,20 @@ fn end(start: u64, len: u64, what: &str) -> Result<u64> {
 
 /// The load segment holding `[offset, offset + filesz)` of the file at
 /// `[vaddr, vaddr + filesz)` of memory.
-fn holder(loads: &[Ph], offset: u64, vaddr: u64, filesz: u64) -> Option<&Ph> {
+fn holder(loads: &[ProgramHeader], offset: u64, vaddr: u64, filesz: u64) -> Option<&ProgramHeader> {
     loads.iter().find(|l| {
-        offset >= l.offset
-            && vaddr >= l.vaddr
-            && offset - l.offset == vaddr - l.vaddr
-            && matches!(offset.checked_add(filesz), Some(e) if e <= l.offset + l.filesz)
+        offset >= l.p_offset
+            && vaddr >= l.p_vaddr
+            && offset - l.p_offset == vaddr - l.p_vaddr
+            && matches!(offset.checked_add(filesz), Some(e) if e <= l.p_offset + l.p_filesz)
     })
 }
 
 /// The load segment whose memory image holds `[vaddr, vaddr + len)`.
-fn mem_holder(loads: &[Ph], vaddr: u64, len: u64) -> Option<&Ph> {
+fn mem_holder(loads: &[ProgramHeader], vaddr: u64, len: u64) -> Option<&ProgramHeader> {
     loads.iter().find(|l| {
-        vaddr >= l.vaddr && matches!(vaddr.checked_add(len), Some(e) if e <= l.vaddr + l.memsz)
+        vaddr >= l.p_vaddr
+            && matches!(vaddr.checked_add(len), Some(e) if e <= l.p_vaddr + l.p_memsz)
     })
 }
 
@@ -207,77 +186,73 @@ fn mem_holder(loads: &[Ph], vaddr: u64, len: u64) -> Option<&Ph> {
 /// section table must already have passed [`super::elf::parse_elf`].
 pub fn check_loadable(src: &mut dyn Ranges) -> Result<()> {
     let size = src.size();
-    let head = src.gather(&[(0, 64)])?.remove(0);
-    let e_type = le16(&head, 0x10);
-    let phoff = le64(&head, 0x20);
-    let shoff = le64(&head, 0x28);
-    let phentsize = le16(&head, 0x36) as u64;
-    let phnum = le16(&head, 0x38) as u64;
-    let shentsize = le16(&head, 0x3a) as u64;
-    let shnum = le16(&head, 0x3c) as u64;
-    if e_type != ET_DYN {
+    let head = src.gather(&[(0, SIZEOF_EHDR as u64)])?.remove(0);
+    let h = parse_header(&head, size)?;
+    let phoff = h.e_phoff;
+    let phnum = h.e_phnum as u64;
+    if h.e_type != ET_DYN {
         return Err(invalid(format_args!(
-            "e_type is {e_type}, a shared object is ET_DYN (3)"
+            "e_type is {}, a shared object is ET_DYN (3)",
+            h.e_type
         )));
     }
     if phnum == 0 {
         return Ok(());
     }
-    if phentsize != 56 {
-        return Err(invalid(format_args!("e_phentsize is {phentsize}, not 56")));
+    if h.e_phentsize as usize != SIZEOF_PHDR {
+        return Err(invalid(format_args!(
+            "e_phentsize is {}, not 56",
+            h.e_phentsize
+        )));
     }
-    if !inside(size, phoff, phnum * 56) {
+    let table_len = phnum * SIZEOF_PHDR as u64;
+    if !inside(size, phoff, table_len) {
         return Err(invalid("the program header table lies outside the file"));
     }
-    let mut ranges = vec![(phoff, phnum * 56)];
-    // Section headers up to sh_size (+0x28); parse_elf checked the table.
-    ranges.extend((0..shnum).map(|i| (shoff + i * shentsize, 0x28)));
+    let mut ranges = vec![(phoff, table_len)];
+    ranges.extend(section_ranges(&h));
     let mut got = src.gather(&ranges)?.into_iter();
     let table = got.next().expect("the program header table");
-    let sections: Vec<Vec<u8>> = got.collect();
-    let phs: Vec<Ph> = table
-        .chunks(56)
-        .map(|p| Ph {
-            kind: le32(p, 0),
-            flags: le32(p, 4),
-            offset: le64(p, 8),
-            vaddr: le64(p, 0x10),
-            filesz: le64(p, 0x20),
-            memsz: le64(p, 0x28),
-            align: le64(p, 0x30),
-        })
-        .collect();
+    let sections = sections(&got.collect::<Vec<_>>())?;
+    let phs = table
+        .chunks(SIZEOF_PHDR)
+        .map(|p| read(p, "program header"))
+        .collect::<Result<Vec<ProgramHeader>>>()?;
 
-    let loads: Vec<Ph> = phs.iter().copied().filter(|p| p.kind == PT_LOAD).collect();
+    let loads: Vec<ProgramHeader> = phs
+        .iter()
+        .copied()
+        .filter(|p| p.p_type == PT_LOAD)
+        .collect();
     if loads.is_empty() {
         return Err(invalid("no PT_LOAD segment"));
     }
     let mut previous_end = 0u64;
     for (i, l) in loads.iter().enumerate() {
-        if l.filesz > l.memsz {
+        if l.p_filesz > l.p_memsz {
             return Err(invalid(format_args!(
                 "PT_LOAD {i} has p_filesz {} over p_memsz {}",
-                l.filesz, l.memsz
+                l.p_filesz, l.p_memsz
             )));
         }
-        if !inside(size, l.offset, l.filesz) {
+        if !inside(size, l.p_offset, l.p_filesz) {
             return Err(invalid(format_args!(
                 "PT_LOAD {i} file bytes lie outside the file"
             )));
         }
-        if !l.align.is_power_of_two() || l.align < MIN_ALIGN {
+        if !l.p_align.is_power_of_two() || l.p_align < MIN_ALIGN {
             return Err(invalid(format_args!(
                 "PT_LOAD {i} has p_align {:#x}, not a power of two of at least {MIN_ALIGN:#x}",
-                l.align
+                l.p_align
             )));
         }
-        if l.vaddr % l.align != l.offset % l.align {
+        if l.p_vaddr % l.p_align != l.p_offset % l.p_align {
             return Err(invalid(format_args!(
                 "PT_LOAD {i} has p_vaddr and p_offset not congruent modulo p_align"
             )));
         }
-        let seg_end = end(l.vaddr, l.memsz, "a PT_LOAD segment")?;
-        if i > 0 && l.vaddr < previous_end {
+        let seg_end = end(l.p_vaddr, l.p_memsz, "a PT_LOAD segment")?;
+        if i > 0 && l.p_vaddr < previous_end {
             return Err(invalid(format_args!(
                 "PT_LOAD {i} is out of order or overlaps the previous segment"
             )));
@@ -287,7 +262,7 @@ pub fn check_loadable(src: &mut dyn Ranges) -> Result<()> {
     let mut seen = [0u32; 3];
     let mut dynamic = None;
     for (i, p) in phs.iter().enumerate() {
-        let counter = match p.kind {
+        let counter = match p.p_type {
             PT_INTERP => return Err(invalid("a shared object with PT_INTERP")),
             PT_DYNAMIC => Some(0),
             PT_TLS => Some(1),
@@ -299,12 +274,12 @@ pub fn check_loadable(src: &mut dyn Ranges) -> Result<()> {
             if seen[c] > 1 {
                 return Err(invalid(format_args!(
                     "program header {i}: a second segment of type {:#x}",
-                    p.kind
+                    p.p_type
                 )));
             }
         }
         let contained = matches!(
-            p.kind,
+            p.p_type,
             PT_DYNAMIC
                 | PT_PHDR
                 | PT_NOTE
@@ -316,36 +291,36 @@ pub fn check_loadable(src: &mut dyn Ranges) -> Result<()> {
         if !contained {
             continue;
         }
-        if p.filesz > p.memsz {
+        if p.p_filesz > p.p_memsz {
             return Err(invalid(format_args!(
                 "program header {i} has p_filesz over p_memsz"
             )));
         }
-        let Some(l) = holder(&loads, p.offset, p.vaddr, p.filesz) else {
+        let Some(l) = holder(&loads, p.p_offset, p.p_vaddr, p.p_filesz) else {
             return Err(invalid(format_args!(
                 "program header {i} (type {:#x}) does not lie inside a PT_LOAD segment",
-                p.kind
+                p.p_type
             )));
         };
-        if p.kind != PT_TLS && mem_holder(&loads, p.vaddr, p.memsz).is_none() {
+        if p.p_type != PT_TLS && mem_holder(&loads, p.p_vaddr, p.p_memsz).is_none() {
             return Err(invalid(format_args!(
                 "program header {i} (type {:#x}) extends past its PT_LOAD segment",
-                p.kind
+                p.p_type
             )));
         }
-        if p.kind == PT_TLS && !(p.align == 0 || p.align.is_power_of_two()) {
+        if p.p_type == PT_TLS && !(p.p_align == 0 || p.p_align.is_power_of_two()) {
             return Err(invalid(
                 "PT_TLS has an alignment that is not a power of two",
             ));
         }
-        if p.kind == PT_DYNAMIC {
-            if l.flags & PF_W == 0 {
+        if p.p_type == PT_DYNAMIC {
+            if l.p_flags & PF_W == 0 {
                 return Err(invalid("PT_DYNAMIC lies in a read-only segment"));
             }
-            if p.filesz == 0 || p.filesz % 16 != 0 || p.filesz > MAX_DYNAMIC_BYTES {
+            if p.p_filesz == 0 || p.p_filesz % 16 != 0 || p.p_filesz > MAX_DYNAMIC_BYTES {
                 return Err(invalid(format_args!(
                     "PT_DYNAMIC has size {}, not a positive multiple of 16 up to {MAX_DYNAMIC_BYTES}",
-                    p.filesz
+                    p.p_filesz
                 )));
             }
             dynamic = Some(*p);
@@ -353,25 +328,22 @@ pub fn check_loadable(src: &mut dyn Ranges) -> Result<()> {
     }
 
     for (i, sh) in sections.iter().enumerate() {
-        let kind = le32(sh, 4);
-        let flags = le64(sh, 8);
-        let addr = le64(sh, 0x10);
-        let offset = le64(sh, 0x18);
-        let len = le64(sh, 0x20);
+        let (kind, flags, addr) = (sh.sh_type, sh.sh_flags, sh.sh_addr);
+        let (offset, len) = (sh.sh_offset, sh.sh_size);
         if kind == SHT_DYNAMIC {
-            let matches =
-                dynamic.is_some_and(|d| d.offset == offset && d.vaddr == addr && d.filesz == len);
+            let matches = dynamic
+                .is_some_and(|d| d.p_offset == offset && d.p_vaddr == addr && d.p_filesz == len);
             if !matches {
                 return Err(invalid(format_args!(
                     "section {i} (SHT_DYNAMIC) does not match PT_DYNAMIC"
                 )));
             }
         }
-        if flags & SHF_ALLOC == 0 || len == 0 {
+        if flags & SHF_ALLOC as u64 == 0 || len == 0 {
             continue;
         }
         let segment = if kind == SHT_NOBITS {
-            if flags & SHF_TLS != 0 {
+            if flags & SHF_TLS as u64 != 0 {
                 continue;
             }
             mem_holder(&loads, addr, len)
@@ -383,12 +355,12 @@ pub fn check_loadable(src: &mut dyn Ranges) -> Result<()> {
                 "allocated section {i} does not lie inside a PT_LOAD segment"
             )));
         };
-        if flags & SHF_WRITE != 0 && l.flags & PF_W == 0 {
+        if flags & SHF_WRITE as u64 != 0 && l.p_flags & PF_W == 0 {
             return Err(invalid(format_args!(
                 "writable section {i} lies in a read-only segment"
             )));
         }
-        if flags & SHF_EXECINSTR != 0 && l.flags & PF_X == 0 {
+        if flags & SHF_EXECINSTR as u64 != 0 && l.p_flags & PF_X == 0 {
             return Err(invalid(format_args!(
                 "code section {i} lies in a segment that is not executable"
             )));
@@ -396,26 +368,24 @@ pub fn check_loadable(src: &mut dyn Ranges) -> Result<()> {
     }
 
     if let Some(d) = dynamic {
-        let bytes = src.gather(&[(d.offset, d.filesz)])?.remove(0);
+        let bytes = src.gather(&[(d.p_offset, d.p_filesz)])?.remove(0);
         check_dynamic(&bytes, &loads)?;
     }
     Ok(())
 }
 
-const DT_NULL: u64 = 0;
-
 /// The dynamic entries: terminated, addresses inside segments, sized tables
 /// inside file bytes, ELF64 entry sizes, string offsets inside the table.
-fn check_dynamic(bytes: &[u8], loads: &[Ph]) -> Result<()> {
+fn check_dynamic(bytes: &[u8], loads: &[ProgramHeader]) -> Result<()> {
     let mut entries: Vec<(u64, u64)> = Vec::new();
     let mut terminated = false;
-    for e in bytes.chunks_exact(16) {
-        let (tag, val) = (le64(e, 0), le64(e, 8));
-        if tag == DT_NULL {
+    for e in bytes.chunks_exact(SIZEOF_DYN) {
+        let d: Dyn = read(e, "dynamic entry")?;
+        if d.d_tag == DT_NULL {
             terminated = true;
             break;
         }
-        entries.push((tag, val));
+        entries.push((d.d_tag, d.d_val));
     }
     if !terminated {
         return Err(invalid("the dynamic section has no DT_NULL"));
@@ -423,22 +393,22 @@ fn check_dynamic(bytes: &[u8], loads: &[Ph]) -> Result<()> {
     let get = |tag: u64| entries.iter().rev().find(|e| e.0 == tag).map(|e| e.1);
     // Addresses the loader dereferences.
     const ADDRESSES: [u64; 16] = [
-        3,
-        4,
-        5,
-        6,
-        7,
-        12,
-        13,
-        17,
-        23,
-        25,
-        26,
-        32,
-        0x6fff_fef5,
-        0x6fff_fff0,
-        0x6fff_fffc,
-        0x6fff_fffe,
+        goblin::elf::dynamic::DT_PLTGOT,
+        DT_HASH,
+        DT_STRTAB,
+        DT_SYMTAB,
+        DT_RELA,
+        DT_INIT,
+        DT_FINI,
+        DT_REL,
+        DT_JMPREL,
+        DT_INIT_ARRAY,
+        DT_FINI_ARRAY,
+        DT_PREINIT_ARRAY,
+        DT_GNU_HASH,
+        DT_VERSYM,
+        DT_VERDEF,
+        DT_VERNEED,
     ];
     for &(tag, val) in &entries {
         if ADDRESSES.contains(&tag) && mem_holder(loads, val, 1).is_none() {
@@ -449,20 +419,21 @@ fn check_dynamic(bytes: &[u8], loads: &[Ph]) -> Result<()> {
     }
     // (address tag, size tag): tables read from the file image.
     for (at, sz) in [
-        (5, 10),
-        (7, 8),
-        (17, 18),
-        (23, 2),
-        (25, 27),
-        (26, 28),
-        (36, 35),
+        (DT_STRTAB, DT_STRSZ),
+        (DT_RELA, DT_RELASZ),
+        (DT_REL, DT_RELSZ),
+        (DT_JMPREL, DT_PLTRELSZ),
+        (DT_INIT_ARRAY, DT_INIT_ARRAYSZ),
+        (DT_FINI_ARRAY, DT_FINI_ARRAYSZ),
+        (DT_RELR, DT_RELRSZ),
     ] {
         let (Some(addr), size) = (get(at), get(sz)) else {
             continue;
         };
         let size = size.unwrap_or(0);
         let in_file = loads.iter().any(|l| {
-            addr >= l.vaddr && matches!(addr.checked_add(size), Some(e) if e <= l.vaddr + l.filesz)
+            addr >= l.p_vaddr
+                && matches!(addr.checked_add(size), Some(e) if e <= l.p_vaddr + l.p_filesz)
         });
         if !in_file {
             return Err(invalid(format_args!(
@@ -470,7 +441,7 @@ fn check_dynamic(bytes: &[u8], loads: &[Ph]) -> Result<()> {
             )));
         }
     }
-    for (tag, want) in [(9u64, 24u64), (11, 24), (19, 16)] {
+    for (tag, want) in [(DT_RELAENT, 24u64), (DT_SYMENT, 24), (DT_RELENT, 16)] {
         if let Some(v) = get(tag) {
             if v != want {
                 return Err(invalid(format_args!(
@@ -479,14 +450,14 @@ fn check_dynamic(bytes: &[u8], loads: &[Ph]) -> Result<()> {
             }
         }
     }
-    if let Some(v) = get(20) {
-        if v != 7 && v != 17 {
+    if let Some(v) = get(DT_PLTREL) {
+        if v != DT_RELA && v != DT_REL {
             return Err(invalid(format_args!("DT_PLTREL is {v}")));
         }
     }
-    let strsz = get(10).unwrap_or(0);
+    let strsz = get(DT_STRSZ).unwrap_or(0);
     for &(tag, val) in &entries {
-        if matches!(tag, 1 | 14 | 15 | 29) && val >= strsz {
+        if matches!(tag, DT_NEEDED | DT_SONAME | DT_RPATH | DT_RUNPATH) && val >= strsz {
             return Err(invalid(format_args!(
                 "dynamic entry {tag:#x} names string offset {val}, outside the {strsz}-byte table"
             )));

@@ -15,8 +15,12 @@
 //! ```json
 //! {"format":"tcg-mint-record-v1",
 //!  "native":{"unsupported_calls":[{"call":"…","count":1,"target":"ns::op"}]},
-//!  "parity":{"inputs":"example_inputs","leaves":[{…}],"status":"passed"}}
+//!  "parity":{"inputs":"example_inputs","leaves":[{…}],"runner":"torch","status":"passed"}}
 //! ```
+//!
+//! `parity.runner` (optional; absent in records written before it) names
+//! what ran the compiled side: `torch` (torch's package loader) or `native`
+//! (the torch-free runner, for a `.so` that carries its own C++ runtime).
 //!
 //! `parity` is absent when the mint did not check parity (a caller outside
 //! the Python mint). Verification checks the shape and that
@@ -38,6 +42,8 @@ pub const MINT_RECORD_PATH: &str = "extra/tcg-mint.json";
 pub const MINT_RECORD_FORMAT: &str = "tcg-mint-record-v1";
 /// Largest record (1 MiB).
 pub const MAX_MINT_RECORD_BYTES: u64 = 1 << 20;
+/// What may have run the compiled side of the parity check.
+pub const PARITY_RUNNERS: [&str; 2] = ["native", "torch"];
 /// Most parity leaves recorded.
 pub const MAX_PARITY_LEAVES: usize = 4096;
 
@@ -97,7 +103,14 @@ fn check_parity(v: &Value) -> Result<()> {
     let p = v
         .as_object()
         .ok_or_else(|| invalid("parity must be an object"))?;
-    members(p, &["inputs", "leaves", "status"], &[], "parity")?;
+    members(p, &["inputs", "leaves", "status"], &["runner"], "parity")?;
+    if let Some(runner) = p.get("runner") {
+        if !PARITY_RUNNERS.contains(&runner.as_str().unwrap_or_default()) {
+            return Err(invalid(format!(
+                "parity.runner must be one of {PARITY_RUNNERS:?}"
+            )));
+        }
+    }
     if p["status"].as_str() != Some("passed") {
         return Err(invalid("parity.status must be \"passed\""));
     }
@@ -326,6 +339,15 @@ mod tests {
         let record = validate_mint_record(&bytes).unwrap();
         assert_eq!(record.unsupported_calls, calls);
         assert_eq!(record.value["parity"], parity());
+        let mut with_runner = parity();
+        if let Value::Object(p) = &mut with_runner {
+            p.insert("runner".into(), Value::Str("native".into()));
+        }
+        let bytes = build_mint_record(Some(&with_runner), &[]).unwrap();
+        assert_eq!(
+            validate_mint_record(&bytes).unwrap().value["parity"],
+            with_runner
+        );
         let bare = build_mint_record(None, &[]).unwrap();
         assert_eq!(
             bare,
@@ -346,6 +368,8 @@ mod tests {
             br#"{"format":"tcg-mint-record-v1","native":{"unsupported_calls":{}}}"#,
             br#"{"format":"tcg-mint-record-v1","native":{"unsupported_calls":[]},"parity":{"inputs":"example_inputs","leaves":[],"status":"failed"}}"#,
             br#"{"format":"tcg-mint-record-v1","native":{"unsupported_calls":[]},"parity":{"inputs":"example_inputs","leaves":[{"atol":-1}],"status":"passed"}}"#,
+            br#"{"format":"tcg-mint-record-v1","native":{"unsupported_calls":[]},"parity":{"inputs":"example_inputs","leaves":[],"runner":"onnx","status":"passed"}}"#,
+            br#"{"format":"tcg-mint-record-v1","native":{"unsupported_calls":[]},"parity":{"inputs":"example_inputs","leaves":[],"runner":1,"status":"passed"}}"#,
         ];
         for bytes in cases {
             let e = validate_mint_record(bytes).unwrap_err();

@@ -6,6 +6,7 @@
 //! "cannot verify AOTInductor package: ".
 
 pub mod cubin;
+pub mod cxx_runtime;
 pub mod elf;
 pub mod loadable;
 pub mod mint_record;
@@ -636,14 +637,38 @@ pub fn needed_libraries(path: &Path, entry: &str) -> Result<Vec<String>> {
     Ok(elf.libraries.iter().map(|s| (*s).to_owned()).collect())
 }
 
-/// Whether torch's package loader (`AOTIModelPackageLoader`) can load the
-/// package at `path`: its `.so` must use the process's shared C++ runtime
-/// (`libstdc++.so.6` in `DT_NEEDED`). A `.so` that carries its own copy
-/// (a compiler that links libstdc++ statically) crashes that loader in its
-/// constructor (seen with torch 2.11 and GCC 13.3); the torch-free loader
-/// opens it in a local namespace and runs it. `run.loader_unsupported`.
-pub fn check_torch_loader(path: &Path, entry: &str) -> Result<()> {
-    let needed = needed_libraries(path, entry).map_err(|e| {
+/// The C++-runtime symbols the entry's `.so` of the package at `path`
+/// defines ([`cxx_runtime::runtime_definitions`]): empty for a `.so` that uses
+/// the process's C++ runtime or needs none; non-empty for one that carries
+/// its own (a compiler that links libstdc++ statically). The `.so` is read in
+/// memory up to [`ELF_IN_MEMORY_MAX`], else as a stream, in bounded memory.
+pub fn own_cxx_runtime(path: &Path, entry: &str) -> Result<Vec<String>> {
+    let mut pkg = Package::open(path)?;
+    let members = pkg.entry_members(Some(entry))?;
+    let so = members.shared_object;
+    let size = pkg.bounded_size(&so, crate::artifact::MAX_PACKAGE_BYTES)?;
+    let found = if size <= ELF_IN_MEMORY_MAX {
+        let bytes = pkg.read(&so)?;
+        cxx_runtime::runtime_definitions(&mut &bytes[..])
+    } else {
+        cxx_runtime::runtime_definitions(&mut loadable::StreamRanges {
+            size,
+            reopen: &mut |f| pkg.stream(&so, f),
+        })
+    };
+    found.map_err(|e| {
+        if e.code() == Code::ArtifactElfInvalid {
+            e.context(format_args!("{PACKAGE_PREFIX}: {so}"))
+        } else {
+            e
+        }
+    })
+}
+
+/// [`own_cxx_runtime`] for a load: a package it cannot read is
+/// `run.package_invalid` (I/O errors stay I/O errors), as a loader reports it.
+pub fn own_cxx_runtime_to_load(path: &Path, entry: &str) -> Result<Vec<String>> {
+    own_cxx_runtime(path, entry).map_err(|e| {
         if e.kind() == crate::Kind::Io {
             e
         } else {
@@ -652,14 +677,25 @@ pub fn check_torch_loader(path: &Path, entry: &str) -> Result<()> {
                 format!("cannot load entry {entry:?}: {}", e.message()),
             )
         }
-    })?;
-    if needed.iter().any(|n| n == "libstdc++.so.6") {
+    })
+}
+
+/// Whether torch's package loader (`AOTIModelPackageLoader`) can load the
+/// package at `path`: refused (`run.loader_unsupported`) only when its `.so`
+/// is proven to carry its own C++ runtime ([`own_cxx_runtime`]), which
+/// crashes that loader in its constructor (seen with torch 2.11 and GCC
+/// 13.3). Every other `.so` is accepted, whatever its `DT_NEEDED` says.
+/// `load()` and parity at mint run such a package through the torch-free
+/// runner instead (docs/run.md).
+pub fn check_torch_loader(path: &Path, entry: &str) -> Result<()> {
+    let own = own_cxx_runtime_to_load(path, entry)?;
+    if own.is_empty() {
         return Ok(());
     }
     Err(Error::new(
         Code::RunLoaderUnsupported,
         format!(
-            "the graph's .so does not link the shared C++ runtime (its DT_NEEDED is {needed:?}): its compiler linked libstdc++ statically, and torch's package loader crashes on such packages; load it with load_native(), or mint it again with a compiler that links libstdc++ dynamically (for example CXX=/usr/bin/g++)"
+            "the graph's .so carries its own C++ runtime (it defines {own:?}): its compiler linked libstdc++ statically, and torch's package loader crashes on such packages; load() and load_native() run it through the torch-free runner"
         ),
     ))
 }
