@@ -80,28 +80,31 @@ def bind_in_place(sources: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict
 
 class SharedLock:
     """A readers-writer lock: calls on the graphs of a weights set hold it shared,
-    a LoRA update holds it exclusive (no call runs with half-updated weights)."""
+    a LoRA update holds it exclusive (no call runs with half-updated weights). Writers
+    go first: a call that arrives while an update waits queues behind it. A call
+    with no update pending takes one uncontended mutex (C-level ``with``)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._readers = 0
         self._writer = False
 
     def acquire_shared(self) -> None:
-        with self._cond:
+        with self._mutex:
             while self._writer:
                 self._cond.wait()
             self._readers += 1
 
     def release_shared(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._readers -= 1
-            if not self._readers:
+            if not self._readers and self._writer:
                 self._cond.notify_all()
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
-        with self._cond:
+        with self._mutex:
             while self._writer:
                 self._cond.wait()
             self._writer = True
@@ -110,7 +113,7 @@ class SharedLock:
         try:
             yield
         finally:
-            with self._cond:
+            with self._mutex:
                 self._writer = False
                 self._cond.notify_all()
 
