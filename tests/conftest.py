@@ -84,3 +84,65 @@ def demo_minted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
     end-to-end, engine and artifact tests that need a package this project compiled."""
     workdir = tmp_path_factory.mktemp("demo")
     return workdir, run_demo(workdir)
+
+
+# The tiny diffusers UNet of the drop-in tests, minted once per session and shared by
+# every module that needs a real diffusers graph (test_dropin.py, test_weights_once.py):
+# one real AOTInductor compile, not one per module.
+STEPS = 3
+SEED = 7
+
+
+def tiny_unet() -> Any:
+    import diffusers
+    import torch
+
+    torch.manual_seed(0)
+    return diffusers.UNet2DModel(
+        sample_size=8,
+        in_channels=3,
+        out_channels=3,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
+    ).eval()
+
+
+def eager_images(pipe: Any) -> Any:
+    import torch
+
+    with torch.no_grad():
+        return pipe(num_inference_steps=STEPS, generator=torch.Generator().manual_seed(SEED), output_type="np").images
+
+
+@pytest.fixture(scope="session")
+def ddpm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The minted UNet of a saved DDPM pipeline, with the eager pipeline's images and one
+    eager UNet call (x, t, y) to compare against."""
+    diffusers = pytest.importorskip("diffusers")
+    import numpy as np
+    import torch
+
+    from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
+
+    root = tmp_path_factory.mktemp("ddpm")
+    unet = tiny_unet()
+    pipe = diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler(num_train_timesteps=50))
+    pipe.set_progress_bar_config(disable=True)
+    pipe.save_pretrained(root / "pipeline")
+    images = eager_images(pipe)
+    np.save(root / "eager.npy", images)
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    t = torch.tensor(5)
+    with torch.no_grad():
+        y = unet(x, t).sample
+    np.savez(root / "call.npz", x=x.numpy(), t=t.numpy(), y=y.numpy())
+
+    program = torch.export.export(unet, (x, t))
+    spec = GraphClassSpec("tests/ddpm-unet", "dropin", program)
+    toolchain = record_toolchain()
+    key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
+    result = Engine(root / "store").ensure(key, root / "graph", target="cpu", toolchain=toolchain, recipe=lambda: spec)
+    return {"root": root, "key": str(key), "graph": result.compiled_graph, "unet": unet, "x": x, "t": t, "y": y}

@@ -322,6 +322,20 @@ def run_native(name: str, work: Path, device: str) -> dict[str, Any]:
     }
 
 
+def _two_graphs_on_one_set(stored: Any, weights: Any, device: str) -> Any:
+    """Two graphs bound to one set: the first is run and dropped, the second returned
+    (so a call through it also proves the set outlives a released graph)."""
+    first, second = stored.load(weights, device=device), stored.load(weights, device=device)
+    copied = {row["name"] for row in first.copied_constants}
+    # By the graph's names: a tied name binds the set's tensor of its alias.
+    held = {t.data_ptr() for t in weights.tensors.values()}
+    for name, tensor in first._bound.items():
+        if name not in copied and name in first.constant_fqns:
+            assert tensor.data_ptr() == second._bound[name].data_ptr() and tensor.data_ptr() in held, name
+    del first
+    return second
+
+
 def run_stage(stage: str, name: str, work: Path, device: str = "cpu") -> dict[str, Any]:
     """One stage in this (fresh) process; returns what it found."""
     if stage == "native":
@@ -384,6 +398,20 @@ def run_stage(stage: str, name: str, work: Path, device: str = "cpu") -> dict[st
         ways.append(
             (label, lambda p=path: stored.load([p, *meta["extra"]], device=device, add_prefix=meta["add_prefix"]))
         )
+    # One weights set per checkpoint form, bound by two graphs (issue 33): aliases and
+    # dropped names served from the set through each graph's own contract.
+    from torch_compiled_graphs import WeightsSet
+
+    sets: list[tuple[str, Callable[[], Any]]] = [("set-module", lambda: WeightsSet(model))]
+    for label, path in meta["checkpoints"].items():
+        sets.append(
+            (
+                f"set-{label}",
+                lambda p=path: WeightsSet([p, *meta["extra"]], device=device, add_prefix=meta["add_prefix"]),
+            )
+        )
+    for label, open_set in sets:
+        ways.append((label, lambda o=open_set: _two_graphs_on_one_set(stored, o(), device)))
     out: Any = None
     for label, make in ways:
         graph = make()

@@ -26,59 +26,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from .conftest import SEED, STEPS
 from .conftest import refused_binding as refused
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
-
-STEPS = 3
-SEED = 7
-
-
-def tiny_unet() -> Any:
-    torch.manual_seed(0)
-    return diffusers.UNet2DModel(
-        sample_size=8,
-        in_channels=3,
-        out_channels=3,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        norm_num_groups=4,
-        down_block_types=("DownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "UpBlock2D"),
-    ).eval()
-
-
-def eager_images(pipe: Any) -> Any:
-    with torch.no_grad():
-        return pipe(num_inference_steps=STEPS, generator=torch.Generator().manual_seed(SEED), output_type="np").images
-
-
-@pytest.fixture(scope="module")
-def ddpm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The minted UNet of a saved DDPM pipeline, with the eager pipeline's images and one
-    eager UNet call (x, t, y) to compare against."""
-    from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
-
-    root = tmp_path_factory.mktemp("ddpm")
-    unet = tiny_unet()
-    pipe = diffusers.DDPMPipeline(unet=unet, scheduler=diffusers.DDPMScheduler(num_train_timesteps=50))
-    pipe.set_progress_bar_config(disable=True)
-    pipe.save_pretrained(root / "pipeline")
-    images = eager_images(pipe)
-    np.save(root / "eager.npy", images)
-    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-    t = torch.tensor(5)
-    with torch.no_grad():
-        y = unet(x, t).sample
-    np.savez(root / "call.npz", x=x.numpy(), t=t.numpy(), y=y.numpy())
-
-    program = torch.export.export(unet, (x, t))
-    spec = GraphClassSpec("tests/ddpm-unet", "dropin", program)
-    toolchain = record_toolchain()
-    key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
-    result = Engine(root / "store").ensure(key, root / "graph", target="cpu", toolchain=toolchain, recipe=lambda: spec)
-    return {"root": root, "key": str(key), "graph": result.compiled_graph, "unet": unet, "x": x, "t": t, "y": y}
 
 
 def fresh(code: str, **values: Any) -> dict[str, Any]:

@@ -36,6 +36,7 @@ _LAZY = {
     "GraphClassSpec": "declaration",
     "RuntimeCompatibility": "runtime",
     "record_toolchain": "toolchain",
+    "WeightsSet": "weights_set",
 }
 
 TYPE_CHECKING = False
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from .runtime import RuntimeCompatibility
     from .store import LocalCAS
     from .toolchain import record_toolchain
+    from .weights_set import WeightsSet
 
 
 def __getattr__(name: str) -> object:
@@ -93,6 +95,7 @@ __all__ = [
     "StoreResult",
     "StoredCompiledGraph",
     "TrustError",
+    "WeightsSet",
     "is_compiled_graph_key",
     "record_toolchain",
 ]

@@ -37,7 +37,7 @@ def _read_checkpoint(
     naming: tuple[str, str],
     device: Any,
     plan_of: Callable[[list[str]], Mapping[str, Any]],
-    rows: Mapping[str, Mapping[str, Any]],
+    rows: Mapping[str, Mapping[str, Any]] | None,
 ) -> tuple[dict[str, Any], int, dict[str, float], Mapping[str, Any]]:
     """The tensors of a checkpoint on disk that the graph binds, read by the
     weights pipeline into one allocation on ``device`` (several threads, and on
@@ -60,7 +60,8 @@ def _read_checkpoint(
     for fqn, name in plan["bind"]:
         dtype_name, shape = entries[name]
         shown = repr(fqn) if fqn == name else f"{fqn!r} (bound from its alias {name!r})"
-        _check_row(shown, dtype_name, shape, rows[fqn])
+        if rows is not None:  # None: a weights set's own read, checked by each graph that binds it
+            _check_row(shown, dtype_name, shape, rows[fqn])
         torch_dtype = getattr(torch, dtype_name, None)
         if not isinstance(torch_dtype, torch.dtype):
             raise BindingError(f"{name!r} has a dtype ({dtype_name}) torch cannot hold", "run.weights_invalid")
@@ -197,13 +198,33 @@ def _renamed(named: dict[str, Any], strip_prefix: str, add_prefix: str) -> tuple
     return out, skipped
 
 
+def _source_name(name: str, naming: tuple[str, str]) -> str:
+    """The caller's name of a tensor :func:`_renamed` named ``name``."""
+    strip_prefix, add_prefix = naming
+    return strip_prefix + name[len(add_prefix) :]
+
+
+def _row_nbytes(row: Mapping[str, Any]) -> int:
+    import torch
+
+    count = 1
+    for d in row["shape"]:
+        count *= int(d)
+    dtype = getattr(torch, str(row["dtype"]), None)
+    return count * (dtype.itemsize if isinstance(dtype, torch.dtype) else 0)
+
+
 def _check(name: str, tensor: Any, row: Mapping[str, Any], device: Any) -> Any:
+    _validate(name, tensor, row, device)
+    return tensor.detach().contiguous()
+
+
+def _validate(name: str, tensor: Any, row: Mapping[str, Any], device: Any) -> None:
     _check_row(repr(name), str(tensor.dtype).removeprefix("torch."), [int(d) for d in tensor.shape], row)
     if tensor.device != device:
         raise BindingError(
             f"constant {name!r} is on {tensor.device}, the graph runs on {device}", "run.device_mismatch"
         )
-    return tensor.detach().contiguous()
 
 
 def _spec_types(node: object, out: list[str]) -> list[str]:
@@ -299,6 +320,13 @@ class LoadedGraph:
         #: ``first_call`` once the first call returned.
         self.timings: dict[str, float] = {}
         self._first_call_pending = True
+        #: Constants the binding copied instead of binding the caller's tensor in place:
+        #: ``{"name", "nbytes", "reason"}`` each (docs/run.md, "Weights once").
+        self.copied_constants: list[dict[str, Any]] = []
+        #: Bytes this graph holds beyond the weights it borrows: copies, its own read of a
+        #: checkpoint, literal constants and the constants the compiler folded.
+        self.added_nbytes = 0
+        self._binding: Any = None
         started = time.perf_counter()
         self.device = _device(stored, device)
         backend, max_captures, reason, fallback = capture.plan(
@@ -408,11 +436,26 @@ class LoadedGraph:
         return [fqn for fqn, row in self._rows.items() if row["source"] == "state_dict"]
 
     def rebind(self, weights: object) -> None:
-        """Bind new weights (after an out-of-place change), with the same checks as loading."""
+        """Bind new weights (after an out-of-place change), with the same checks as loading.
+
+        A module's or state_dict's tensors (and a :class:`WeightsSet`'s) are bound in
+        place where their layout allows, and copied otherwise (``copied_constants``)."""
+        import torch
+
+        from .binding import Binding, bind_in_place, log_copies
+        from .weights_set import WeightsSet
+
         package, metadata = os.fspath(self._stored.package_path), self._stored.metadata
         timings: dict[str, float] = {}
         from_files = isinstance(weights, (str, os.PathLike, list, tuple))
-        if from_files:
+        weights_set = weights if isinstance(weights, WeightsSet) else None
+        owned = from_files or (weights_set is not None and not weights_set.borrowed)
+        plan: Mapping[str, Any]
+        if weights_set is not None:
+            named, outside = _renamed(weights_set.tensors_for_binding(self.device), *self._naming)
+            plan = _native.package_plan_binding(package, metadata, list(named))
+            _check_tied(plan["duplicates"], named)
+        elif from_files:
             # Checked from the headers, then read by the weights pipeline
             # straight into one allocation: only the names the plan binds.
             named, outside, timings, plan = _read_checkpoint(
@@ -426,20 +469,53 @@ class LoadedGraph:
             named, outside = _renamed(_weights(weights, self.device), *self._naming)
             plan = _native.package_plan_binding(package, metadata, list(named))
             _check_tied(plan["duplicates"], named)
-        bound = {fqn: _check(fqn, named[name], self._rows[fqn], self.device) for fqn, name in plan["bind"]}
+        sources = {fqn: named[name] for fqn, name in plan["bind"]}
+        for fqn, tensor in sources.items():
+            _validate(fqn, tensor, self._rows[fqn], self.device)
+        bound, copied = bind_in_place(sources)
         bound.update(self._literals)
         # Folded ("computed") constants are recomputed by the package from what is bound.
-        # (constants, use_inactive=False, check_full_update=True): the positional form both
-        # torch 2.11 and 2.15 accept; user_managed and allow_h2d_copy keep their False defaults.
+        # (constants, use_inactive=False, check_full_update=True, user_managed=True): the
+        # container keeps a handle to each tensor's storage without a copy; `self._binding`
+        # keeps them alive too. The caller's tensors are read live (docs/run.md, "Weights once").
         started = time.perf_counter()
-        # The pipeline's allocation is the graph's own (user_managed: the
-        # container keeps it without a copy, `self._bound` keeps it alive);
-        # a module's tensors are copied, so later changes to it stay its own.
         with self._capture.exclusive():  # no call, and no replay in flight, while constants change
-            self._loader.load_constants(bound, False, True, from_files)
+            self._loader.load_constants(bound, False, True, True)
             self._binding_generation += 1
         timings["bind_weights"] = time.perf_counter() - started
+        folds = any(row["source"] == "computed" for row in self._rows.values())
+        module, module_names = None, None
+        if isinstance(weights, torch.nn.Module):
+            module = weights
+            module_names = {fqn: _source_name(name, self._naming) for fqn, name in plan["bind"]}
+        elif weights_set is not None and weights_set.module is not None:
+            module = weights_set.module
+            module_names = {
+                fqn: weights_set.source_name(_source_name(name, self._naming)) for fqn, name in plan["bind"]
+            }
+        self._binding = Binding(
+            sources,
+            bound,
+            copied,
+            borrowed=not owned,
+            folds=folds,
+            lock=weights_set.lock if weights_set is not None else None,
+            module=module,
+            module_names=module_names,
+        )
         self._bound = bound
+        self.copied_constants = copied
+        # A checkpoint read by the pipeline is one allocation of the graph's own.
+        own = 0
+        if from_files:
+            own = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in named.values()}.values())
+        self.added_nbytes = (
+            own
+            + sum(int(row["nbytes"]) for row in copied)
+            + sum(int(t.numel() * t.element_size()) for t in self._literals.values())
+            + sum(_row_nbytes(row) for row in self._rows.values() if row["source"] == "computed")
+        )
+        log_copies(f"load {self._stored.key}", copied)
         self.ignored_constants, self.outside_prefix = list(plan["ignored"]), outside
         self.timings.update(timings)
         from .native import _log_timings
@@ -463,7 +539,7 @@ class LoadedGraph:
         self._check_inputs(flat)
         tensors = self._placed(flat)
         started = time.perf_counter() if self._first_call_pending else 0.0
-        outputs = self._capture.run(tensors, self._binding_generation)
+        outputs = self._run_bound(tensors)
         if self._first_call_pending:
             self._first_call_pending = False
             self.timings["first_call"] = time.perf_counter() - started
@@ -472,6 +548,41 @@ class LoadedGraph:
 
             return _unflatten(self._out_records, iter(outputs))
         return self._pytree.tree_unflatten(outputs, self._out_spec)
+
+    def _run_bound(self, tensors: list[Any]) -> Any:
+        """Run with the binding checked first (stale: refused; changed in place: copies
+        and folds refreshed), under the weights set's lock when there is one."""
+        binding = self._binding
+        lock = binding.lock
+        lock.acquire_shared()
+        try:
+            if binding.check():
+                lock.release_shared()
+                try:
+                    with lock.exclusive():
+                        self._refresh(binding)
+                finally:
+                    lock.acquire_shared()
+            return self._capture.run(tensors, self._binding_generation)
+        finally:
+            lock.release_shared()
+
+    def _refresh(self, binding: Any) -> None:
+        """Copies and folds brought up to date after an in-place change of their sources
+        (no call of this graph runs meanwhile: the binding's lock is held exclusive)."""
+        if binding.refresh():
+            # The container recomputes its folds on the next run, into new buffers:
+            # captures of the old generation are dropped.
+            with self._capture.exclusive():
+                self._loader.load_constants(binding.bound, False, True, True)
+                self._binding_generation += 1
+
+    def stale_constants(self) -> list[str]:
+        """Names whose bound tensor was replaced out of place since binding (a parameter
+        reassigned, ``.data`` swapped, a submodule replaced, a device move): the graph
+        still reads the old tensor, and calls are refused (``run.weights_stale``) until
+        :meth:`rebind`. Empty for a graph that reads only memory of its own."""
+        return list(self._binding.stale()) if self._binding is not None else []
 
     @property
     def binding_generation(self) -> int:

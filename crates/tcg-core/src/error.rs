@@ -287,6 +287,11 @@ codes! {
     /// A call or output spec names a pytree type torch cannot rebuild in this process
     /// (its module is not importable) and that is not an output record read by field name.
     RunSpecUnsupported => Binding, "run.spec_unsupported";
+    /// A bound tensor was replaced out of place since binding: the graph would read
+    /// the old one, so calls are refused until it is bound again.
+    RunWeightsStale => Binding, "run.weights_stale";
+    /// A LoRA whose format, targets or shapes do not fit the weights set it is fused into.
+    RunLoraInvalid => Binding, "run.lora_invalid";
     /// A load option (an argument or its environment variable) has a value outside its domain.
     RunOptionInvalid => Binding, "run.option_invalid";
 
