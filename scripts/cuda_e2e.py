@@ -742,8 +742,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--cxx",
-        default="/usr/bin/g++",
-        help="the C++ compiler for inductor (CXX); the device's default CXX builds packages that crash the loader",
+        default=None,
+        help="the C++ compiler for inductor (CXX) in every child; default: the machine's own environment, "
+        "as users find it (its default compiler may link libstdc++ statically: such packages run through "
+        "the torch-free runner)",
     )
     args = parser.parse_args()
     if args.cxx:
