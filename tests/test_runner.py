@@ -169,3 +169,22 @@ def test_an_input_on_another_device_is_refused_before_the_run(
     # The module takes the same call once the tensor is where the graph runs.
     io = load_file(FIXTURE / "mlp-cpu.io.safetensors")
     torch.testing.assert_close(loaded(io["x"]), io["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_the_torch_free_loader_runs_single_threaded_for_captures(
+    graph: StoredCompiledGraph, weights: dict[str, Any]
+) -> None:
+    """load()'s torch-free runner (packages carrying their own C++ runtime) runs captured
+    calls through the container's single-threaded run, as torch's loader does: the same
+    outputs, and the mode is the model's own."""
+    from torch_compiled_graphs._native_loader import NativeLoader
+
+    io = load_file(FIXTURE / "mlp-cpu.io.safetensors")
+    outs = []
+    for single in (False, True):
+        loader = NativeLoader(graph.package_path, graph.graph_class, -1, graph.sm, graph.constants, single)
+        assert loader._model.single_threaded is single
+        loader.load_constants(dict(weights), False, True, False)
+        outs.append(loader.boxed_run([io["x"]])[0])
+    torch.testing.assert_close(outs[1], io["y"], rtol=1e-5, atol=1e-6)
+    assert torch.equal(outs[0], outs[1])

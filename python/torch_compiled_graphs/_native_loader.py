@@ -49,10 +49,16 @@ class NativeLoader:
         device_index: int,
         sm: str,
         rows: Sequence[Mapping[str, Any]],
+        single_threaded: bool = False,
     ) -> None:
         self.device = "cpu" if device_index < 0 else f"cuda:{device_index}"
         constants = [(r["fqn"], r["source"], r["dtype"], [int(d) for d in r["shape"]]) for r in rows]
         self._model = _native.NativeModel(_torch_lib(), os.fspath(package), entry, self.device, sm, constants)
+        if single_threaded:
+            # The container's threaded run records an event per run, which a
+            # CUDA-graph capture would leave unqueryable; the single-threaded
+            # run does not (run.native_unsupported on a runtime without it).
+            self._model.single_threaded = True
         self._folded = {fqn for fqn, folded in self._model.constants if folded}
         #: The tensors the container reads: referenced until the next bind.
         self._bound: dict[str, Any] = {}

@@ -347,12 +347,15 @@ class LoadedGraph:
         self.runner = "native" if needs_native_loader(stored.package_path, stored.graph_class) else "torch"
         self._loader: Any
         if self.runner == "native":
-            if backend is not None:
-                # The torch-free runner's container runs threaded (an event per run,
-                # which a capture would leave unqueryable): not captured yet.
-                backend, reason, fallback = None, "the torch-free runner's calls are not captured", True
             # Typed refusals (BindingError) of the runner pass through as they are.
             self._loader = NativeLoader(stored.package_path, stored.graph_class, index, stored.sm, stored.constants)
+            if backend is not None:
+                # Captured calls use the container's single-threaded run, as with
+                # torch's loader below; a runtime without it is not captured.
+                try:
+                    self._loader._model.single_threaded = True
+                except BindingError as exc:
+                    backend, reason, fallback = None, str(exc), True
         else:
             try:
                 # (path, entry, run_single_threaded, num_runners, device_index): positional, the

@@ -337,6 +337,19 @@ impl NativeModel {
         self.inner.call_spec().clone()
     }
 
+    /// Whether calls use the container's single-threaded run (no event of its
+    /// own per run: the form a CUDA-graph capture can hold; calls run one at a
+    /// time). Setting `True` on a runtime without it is `run.native_unsupported`.
+    #[getter]
+    fn get_single_threaded(&self) -> bool {
+        self.inner.single_threaded()
+    }
+
+    #[setter]
+    fn set_single_threaded(&self, on: bool) -> PyResult<()> {
+        self.inner.set_single_threaded(on).py()
+    }
+
     /// The number of tensor inputs.
     #[getter]
     fn num_inputs(&self) -> usize {

@@ -165,14 +165,22 @@ impl Graph {
             })
             .collect();
         let mut outputs: Vec<TensorHandle> = vec![std::ptr::null_mut(); self.num_outputs];
-        let _shared = self.lock.read().unwrap_or_else(|p| p.into_inner());
+        // The threaded run shares the lock (the container keeps a pool of
+        // models); the single-threaded run guards nothing, so it runs alone.
+        let single = self.single_threaded();
+        let run = match (single, self.api.run_single_threaded) {
+            (true, Some(f)) => f,
+            _ => self.api.run,
+        };
+        let _shared = (!single).then(|| self.lock.read().unwrap_or_else(|p| p.into_inner()));
+        let _exclusive = single.then(|| self.lock.write().unwrap_or_else(|p| p.into_inner()));
         // SAFETY: `raw` holds `num_inputs` live handles, which Run steals (the
         // count was checked above, so the container's own count check cannot
         // fail before it takes them); `outputs` has room for `num_outputs`
         // handles that Run writes and we then own. `stream` is the caller's
         // (0 for a CPU graph); no proxy executor (no custom ops).
         let rc = unsafe {
-            (self.api.run)(
+            run(
                 self.container,
                 raw.as_mut_ptr(),
                 raw.len(),

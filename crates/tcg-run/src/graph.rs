@@ -83,6 +83,9 @@ pub(crate) struct Api {
     user_pairs: Option<UpdatePairs>,
     user_map: Option<UpdateMap>,
     pub(crate) run: Run,
+    // The run on one model without the container's pool bookkeeping (no
+    // event recorded per run): the form a CUDA-graph capture can hold.
+    pub(crate) run_single_threaded: Option<Run>,
     pub(crate) last_error: Option<LastError>,
 }
 
@@ -153,6 +156,9 @@ pub struct Graph {
     // Runs share the lock; binding takes it alone (the container does not
     // guard its active constant buffer against a concurrent update).
     pub(crate) lock: RwLock<()>,
+    // Whether calls use the single-threaded run (then each call takes `lock`
+    // alone: that run guards nothing itself).
+    pub(crate) single_threaded: std::sync::atomic::AtomicBool,
     // libstdc++'s layout and hash, when the runtime binds through a std map.
     cxx: Option<CxxAbi>,
     // How provided names bind the table (the artifact's weights contract).
@@ -275,6 +281,7 @@ impl Graph {
             )
             .ok(),
             run: get(&library, "AOTInductorModelContainerRun")?,
+            run_single_threaded: get(&library, "AOTInductorModelContainerRunSingleThreaded").ok(),
             // Older runtimes print their errors to stderr and export no getter.
             last_error: get(&library, "AOTInductorGetLastError").ok(),
         };
@@ -342,6 +349,7 @@ impl Graph {
             cxx,
             contract: RwLock::new(WeightsContract::from_rows(&[])),
             weights: Mutex::new(None),
+            single_threaded: std::sync::atomic::AtomicBool::new(false),
             load_timings: Vec::new(),
             _library: library,
             _extracted: extracted,
@@ -504,6 +512,35 @@ impl Graph {
     /// The device the graph runs on.
     pub fn device(&self) -> Device {
         self.device
+    }
+
+    /// Whether the graph's runtime has the single-threaded run
+    /// (`AOTInductorModelContainerRunSingleThreaded`).
+    pub fn has_single_threaded_run(&self) -> bool {
+        self.api.run_single_threaded.is_some()
+    }
+
+    /// Run calls through the single-threaded run (`true`), which records no
+    /// event of its own per run, so that a caller's CUDA-graph capture can hold
+    /// the call; calls then run one at a time. A runtime without it refuses
+    /// (`run.native_unsupported`) and keeps the threaded run.
+    pub fn set_single_threaded(&self, on: bool) -> Result<()> {
+        if on && self.api.run_single_threaded.is_none() {
+            return Err(Error::new(
+                Code::RunNativeUnsupported,
+                "the graph's runtime has no single-threaded run (AOTInductorModelContainerRunSingleThreaded)",
+            ));
+        }
+        let _exclusive = self.lock.write().unwrap_or_else(|p| p.into_inner());
+        self.single_threaded
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether calls use the single-threaded run.
+    pub fn single_threaded(&self) -> bool {
+        self.single_threaded
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Bind through the `std::unordered_map` API even where the C pairs API

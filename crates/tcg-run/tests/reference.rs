@@ -523,3 +523,32 @@ fn caller_owned_buffers_bind_without_a_copy_after_every_check() {
         .unwrap();
     assert_eq!(call(&graph, x, &shape).unwrap(), got);
 }
+
+#[test]
+fn the_single_threaded_run_gives_the_threaded_runs_outputs() {
+    let u = reference();
+    let graph = load(&u).unwrap();
+    graph
+        .bind(&fixture("mlp-cpu.weights.safetensors"), None)
+        .unwrap();
+    let io = read_f32(&fixture("mlp-cpu.io.safetensors"));
+    let (xs, x) = &io["x"];
+    let shape: Vec<i64> = xs.iter().map(|&d| d as i64).collect();
+    let threaded = call(&graph, x, &shape).unwrap();
+    assert!(graph.has_single_threaded_run());
+    assert!(!graph.single_threaded());
+    graph.set_single_threaded(true).unwrap();
+    assert!(graph.single_threaded());
+    // Calls from several threads at once are serialised, never raced.
+    let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| call(&graph, x, &shape).unwrap()))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for out in outs {
+        assert_eq!(out, threaded);
+    }
+    graph.set_single_threaded(false).unwrap();
+    assert_eq!(call(&graph, x, &shape).unwrap(), threaded);
+}
