@@ -120,11 +120,11 @@ class CudaGraphBackend:
     name = "cuda"
 
     def __init__(self, device: Any) -> None:
-        import torch
-
         self._device = device
-        with torch.cuda.device(device):
-            self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        # Made at the first capture, not at load: loading allocates nothing for
+        # capture's sake (on a device too full for a stream, load() still refuses
+        # or binds with its own typed errors; a capture that cannot start falls back).
+        self._stream: Any = None
 
     def pool(self) -> object:
         import torch
@@ -135,6 +135,8 @@ class CudaGraphBackend:
         import torch
 
         with _CAPTURE_LOCK, torch.cuda.device(self._device):
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
             caller = torch.cuda.current_stream(self._device)
             self._stream.wait_stream(caller)
             with torch.cuda.stream(self._stream):
