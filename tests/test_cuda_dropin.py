@@ -24,6 +24,8 @@ import torch
 from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
 from torch_compiled_graphs.errors import BindingError
 
+from .conftest import tiny_unet
+
 diffusers = pytest.importorskip("diffusers")
 
 pytestmark = [
@@ -32,20 +34,6 @@ pytestmark = [
 ]
 
 STEPS = 3
-
-
-def tiny_unet() -> Any:
-    torch.manual_seed(0)
-    return diffusers.UNet2DModel(
-        sample_size=8,
-        in_channels=3,
-        out_channels=3,
-        block_out_channels=(8, 16),
-        layers_per_block=1,
-        norm_num_groups=4,
-        down_block_types=("DownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "UpBlock2D"),
-    ).eval()
 
 
 def images(pipe: Any) -> Any:

@@ -20,29 +20,13 @@ import torch
 from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
 from torch_compiled_graphs.capture import ENV_CUDA_GRAPHS, WARMUP_RUNS
 
+# The suite's small graph (64 -> 64, so outputs feed back as inputs) and its target.
+from .test_cuda import Net, device_sm
+
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-
-def device_sm() -> str:
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}"
-
-
-class Net(torch.nn.Module):
-    """A small graph with parameters, a buffer and a dynamic batch (64 -> 64, so outputs feed back)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.l1 = torch.nn.Linear(64, 128)
-        self.l2 = torch.nn.Linear(128, 64)
-        self.register_buffer("shift", torch.linspace(-1.0, 1.0, 64))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.l2(torch.relu(self.l1(x))) + self.shift
-        return out
 
 
 def weights_of(seed: int) -> dict[str, torch.Tensor]:
