@@ -97,9 +97,9 @@ def test_load_binds_the_modules_cuda_tensors_without_a_copy(minted: dict[str, An
     unet = wide_unet().cuda()
     with torch.no_grad():
         unet(minted["x"], minted["t"])  # cuBLAS/cuDNN handles and workspaces: process-wide, before measuring
-    # A first graph pays what the process pays once, whatever binds: the kernels' code
-    # and the driver's local-memory reservation for them (72 MiB on the H200 for this
-    # UNet's kernels, measured). A second graph of the same weights pays only what it
+    # A first graph pays what the process pays once, whatever binds (72 MiB on the H200
+    # with nothing copied: the kernels' code and the driver's local-memory reservation
+    # for them, most likely). A second graph of the same weights pays only what it
     # binds: measured on it.
     first = minted["graph"].load(unet)
     with torch.no_grad():
