@@ -69,11 +69,12 @@ def minted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model = Tiny().eval()
     program = torch.export.export(model, (torch.randn(2, 6, generator=torch.Generator().manual_seed(3)),))
     spec = GraphClassSpec("mint/static-cxx", "static-cxx-tests", program)
-    with pytest.MonkeyPatch.context() as mp:
-        # As a machine whose default CXX links statically: inductor reads $CXX into its
-        # config when imported, so both are set.
+    # As a machine whose default CXX links statically: inductor reads $CXX into its
+    # config when imported, so both are set. The config through its own patch: a
+    # monkeypatch of a config proxy is undone by a delattr, which hides `cpp.cxx` from
+    # every later compile of the process ("torch._inductor.config.cpp.cxx does not exist").
+    with pytest.MonkeyPatch.context() as mp, inductor_config.patch({"cpp.cxx": (None, str(wrapper))}):
         mp.setenv("CXX", str(wrapper))
-        mp.setattr(inductor_config.cpp, "cxx", (None, str(wrapper)))
         toolchain = record_toolchain()
         key = str(RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare()))
         result = Engine(root / "store").ensure(
