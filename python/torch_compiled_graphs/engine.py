@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .declaration import GraphClassSpec
     from .explain import Explanation
     from .identity import GraphClassDeclaration
-    from .native import NativeGraph
+    from .native import NativeGraph, NativeWeightsSet
     from .runner import LoadedGraph
     from .store import LocalCAS
 
@@ -314,7 +314,7 @@ class StoredCompiledGraph(_Record):
 
     def load_native(
         self,
-        weights: StrPath | Sequence[StrPath],
+        weights: StrPath | Sequence[StrPath] | NativeWeightsSet,
         *,
         device: str | None = None,
         torch_lib: StrPath | None = None,
@@ -334,7 +334,9 @@ class StoredCompiledGraph(_Record):
         importing it). Every constant is checked by fqn (dtype, shape) before
         anything is bound (on a GPU: before anything is copied to it); calls
         take numpy-compatible or DLPack arrays and return DLPack-exportable
-        tensors. See docs/run.md.
+        tensors. ``weights`` may also be a :class:`NativeWeightsSet` on the graph's
+        device (``device`` defaults to the set's; the prefixes were applied when the set
+        was opened): the graph then binds the set's memory without a copy. See docs/run.md.
         """
         from .native import NativeGraph
 

@@ -50,7 +50,7 @@ def _log_timings(what: str, timings: Mapping[str, float]) -> None:
         LOGGER.debug("%s: %s", what, ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()))
 
 
-__all__ = ["GraphOutput", "NativeGraph", "find_torch_lib", "from_buffer", "to_numpy"]
+__all__ = ["GraphOutput", "NativeGraph", "NativeWeightsSet", "find_torch_lib", "from_buffer", "to_numpy"]
 
 # numpy type strings (and buffer-protocol formats) of the dtypes the path passes.
 _TYPESTR = {
@@ -407,13 +407,82 @@ def _weight_paths(weights: object) -> list[str]:
     return out
 
 
+class NativeWeightsSet:
+    """Every tensor of a checkpoint read once onto a device, without torch, for several
+    native graphs to bind without a copy (docs/run.md, "Weights once").
+
+    ``weights`` takes the forms :meth:`StoredCompiledGraph.load_native` takes (a
+    ``.safetensors`` file, a sharded checkpoint's index, a directory holding either, or a
+    list of those); names are mapped by ``strip_prefix`` (tensors outside it are skipped)
+    and ``add_prefix``. ``device`` is ``"cpu"`` (the default) or ``"cuda:N"``. The set
+    is read through the native weights pipeline into one allocation: threaded reads, on
+    a GPU a pinned ring and a copy stream, and the checks of a native load (headers,
+    capacity, regular files). Pass it to :meth:`StoredCompiledGraph.load_native` or
+    :meth:`NativeGraph.rebind`: each graph checks the names its table needs by its own
+    weights contract and binds handles over the set's memory. Graphs keep the set alive,
+    so the set and its graphs may be released in any order.
+    """
+
+    def __init__(
+        self,
+        weights: StrPath | Sequence[StrPath],
+        *,
+        device: str | None = None,
+        torch_lib: StrPath | None = None,
+        strip_prefix: str = "",
+        add_prefix: str = "",
+    ) -> None:
+        if device is None:
+            device = "cpu"
+        if not isinstance(device, str):
+            raise BindingError(f"device must be a string such as 'cuda:0', got {device!r}", "run.device_mismatch")
+        lib = find_torch_lib(torch_lib)
+        if device.startswith("cuda"):
+            _lazy_module_loading()
+        self._set = _native.NativeWeightsSet.open(
+            lib, device, _weight_paths(weights), *_naming(strip_prefix, add_prefix)
+        )
+        self._lib = lib
+        _log_timings("NativeWeightsSet", self.timings)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data the set holds (on its device)."""
+        return int(self._set.nbytes)
+
+    @property
+    def names(self) -> list[str]:
+        """Every tensor's name (after the prefixes), sorted."""
+        return list(self._set.names)
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``: where the tensors live."""
+        return str(self._set.device)
+
+    @property
+    def outside_prefix(self) -> int:
+        """Tensors of the checkpoint skipped for lying outside ``strip_prefix``."""
+        return int(self._set.outside_prefix)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """How long reading the set took, phase by phase, in seconds (``open_libraries``,
+        ``plan_weights``, ``allocate_weights``, ``read_weights``, ``copy_weights``, on a
+        GPU ``cuda_context`` and ``staging_ring``, then ``set_total``)."""
+        return dict(self._set.timings)
+
+    def __repr__(self) -> str:
+        return f"NativeWeightsSet({len(self._set.names)} tensors, {self.nbytes} bytes, device={self.device!r})"
+
+
 class NativeGraph:
     """A resolved graph loaded without torch: call it like the original module, with arrays."""
 
     def __init__(
         self,
         stored: StoredCompiledGraph,
-        weights: StrPath | Sequence[StrPath],
+        weights: StrPath | Sequence[StrPath] | NativeWeightsSet,
         *,
         device: str | None = None,
         torch_lib: StrPath | None = None,
@@ -427,10 +496,27 @@ class NativeGraph:
         self.ignored_constants: list[str] = []
         #: Tensors of the weights skipped for lying outside ``strip_prefix``.
         self.outside_prefix = 0
+        shared = weights if isinstance(weights, NativeWeightsSet) else None
         if device is None:
-            device = "cpu" if stored.sm.startswith("cpu") else "cuda:0"
+            if shared is not None:
+                device = shared.device
+            else:
+                device = "cpu" if stored.sm.startswith("cpu") else "cuda:0"
         if not isinstance(device, str):
             raise BindingError(f"device must be a string such as 'cuda:0', got {device!r}", "run.device_mismatch")
+        if shared is not None:
+            if self._naming != ("", ""):
+                raise BindingError(
+                    "a NativeWeightsSet maps its names when it is opened: pass strip_prefix and add_prefix there",
+                    "run.weights_invalid",
+                )
+            if shared.device != device:
+                raise BindingError(
+                    f"the weights set is on {shared.device}, the graph was asked to run on {device}",
+                    "run.device_mismatch",
+                )
+            if torch_lib is None:
+                torch_lib = shared._lib
         lib = find_torch_lib(torch_lib)
         self._lib = lib
         #: How the installed torch was matched to the artifact's: ``"record digest"``
@@ -444,18 +530,32 @@ class NativeGraph:
         started = time.perf_counter()
         # One overlapped step: the weights are read (and, on a GPU, copied to the
         # device) while libtorch is opened and the container created.
-        self._model, ignored, outside, timings = _native.NativeModel.load(
-            lib,
-            os.fspath(stored.package_path),
-            stored.graph_class,
-            device,
-            stored.sm,
-            rows,
-            stored.metadata,
-            _weight_paths(weights),
-            literals if has_literals else None,
-            *self._naming,
-        )
+        if shared is not None:
+            self._model, ignored, timings = _native.NativeModel.load_set(
+                lib,
+                os.fspath(stored.package_path),
+                stored.graph_class,
+                device,
+                stored.sm,
+                rows,
+                stored.metadata,
+                shared._set,
+                literals if has_literals else None,
+            )
+            outside = shared.outside_prefix
+        else:
+            self._model, ignored, outside, timings = _native.NativeModel.load(
+                lib,
+                os.fspath(stored.package_path),
+                stored.graph_class,
+                device,
+                stored.sm,
+                rows,
+                stored.metadata,
+                _weight_paths(weights),
+                literals if has_literals else None,
+                *self._naming,
+            )
         self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
         #: How long each phase of loading took, in seconds (docs/run.md lists
         #: them): ``open_libraries``, ``extract_package``, ``open_model``,
@@ -548,15 +648,33 @@ class NativeGraph:
         if self.device != "cpu":
             _native.synchronize(self._lib, self._stream)
 
-    def rebind(self, weights: StrPath | Sequence[StrPath]) -> None:
+    @property
+    def added_nbytes(self) -> int:
+        """Bytes of constants the last bind added for this graph alone: everything it
+        read when bound from files, only its literals when bound to a
+        :class:`NativeWeightsSet` (the constants the compiled code folds live in the
+        container's own buffers, whose size it does not report: not counted)."""
+        return int(self._model.added_bytes)
+
+    def rebind(self, weights: StrPath | Sequence[StrPath] | NativeWeightsSet) -> None:
         """Bind new weights (the forms :meth:`StoredCompiledGraph.load_native` takes, with
-        the prefixes given at load) with the same checks as loading."""
+        the prefixes given at load, or a :class:`NativeWeightsSet` on the graph's device)
+        with the same checks as loading; a refused rebind leaves the bound weights in place."""
         literals = os.path.join(self._stored.path, "constants.safetensors")
         has_literals = any(r["source"] == "literal" for r in self._stored.constants)
-        ignored, outside, timings = self._model.bind(
-            _weight_paths(weights), literals if has_literals else None, *self._naming
-        )
-        self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
+        if isinstance(weights, NativeWeightsSet):
+            if weights.device != self.device:
+                raise BindingError(
+                    f"the weights set is on {weights.device}, the graph runs on {self.device}",
+                    "run.device_mismatch",
+                )
+            ignored, timings = self._model.bind_set(weights._set, literals if has_literals else None)
+            self.ignored_constants, self.outside_prefix = list(ignored), weights.outside_prefix
+        else:
+            ignored, outside, timings = self._model.bind(
+                _weight_paths(weights), literals if has_literals else None, *self._naming
+            )
+            self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
         _log_timings(f"rebind {self._stored.key}", dict(timings))
 
     def _check(self, index: int, path: str, dtype: str, shape: list[int], bound: dict[str, int]) -> None:
