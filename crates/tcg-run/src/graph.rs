@@ -1227,8 +1227,9 @@ impl Graph {
                 }
                 graph.bind_to_set(set, plan, literals)?
             }
+            // (Staged for a set exactly when the source is a set.)
             (Staging::Set(..), WeightsSource::Files(_)) => {
-                unreachable!("staged as the source says")
+                return Err(invalid("the weights were staged for another source".into()))
             }
         };
         timings.extend(report.timings.iter().copied());
