@@ -438,7 +438,10 @@ class NativeWeightsSet:
             raise BindingError(f"device must be a string such as 'cuda:0', got {device!r}", "run.device_mismatch")
         lib = find_torch_lib(torch_lib)
         if device.startswith("cuda"):
-            _lazy_module_loading()
+            # The set opens libtorch: the allocator the graphs' CUDA-graph captures
+            # need (by the environment's capture settings) is chosen first.
+            wanted, count, _ = _capture_options(None, None)
+            _prepare_cuda(wanted, count)
         self._set = _native.NativeWeightsSet.open(
             lib, device, _weight_paths(weights), *_naming(strip_prefix, add_prefix)
         )
@@ -476,6 +479,44 @@ class NativeWeightsSet:
         return f"NativeWeightsSet({len(self._set.names)} tensors, {self.nbytes} bytes, device={self.device!r})"
 
 
+#: The variables libtorch's CUDA allocator reads its configuration from, in its order.
+_ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def _capture_options(cuda_graphs: object, max_captures: object) -> tuple[bool, int, str | None]:
+    """``(wanted, max_captures, reason_off)`` from the arguments, else the environment
+    (the variables and rules of ``load()``, :mod:`torch_compiled_graphs.capture`)."""
+    from .capture import ENV_CUDA_GRAPHS, ENV_MAX_CAPTURES, MAX_CAPTURES, _count, _flag
+
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise BindingError(f"cuda_graphs must be True or False, got {cuda_graphs!r}", "run.option_invalid")
+    if max_captures is None:
+        env_max = os.environ.get(ENV_MAX_CAPTURES, "").strip()
+        count = _count(env_max, ENV_MAX_CAPTURES) if env_max else MAX_CAPTURES
+    else:
+        count = _count(max_captures, "max_captures")
+    if cuda_graphs is None:
+        if _flag(os.environ.get(ENV_CUDA_GRAPHS, ""), ENV_CUDA_GRAPHS) is False:
+            return False, count, f"{ENV_CUDA_GRAPHS} is off"
+    elif not cuda_graphs:
+        return False, count, "cuda_graphs=False"
+    if count == 0:
+        return False, count, "max_captures is 0"
+    return True, count, None
+
+
+def _prepare_cuda(captures_wanted: bool, captures_max: int) -> None:
+    """What a process does before libtorch opens for a CUDA graph (or a CUDA
+    ``NativeWeightsSet``, which opens libtorch first): lazy module loading and, when
+    captures are wanted, libtorch's stream-ordered allocator where nothing else chose
+    one (docs/run.md, "CUDA graphs")."""
+    _lazy_module_loading()
+    if captures_wanted:
+        stream_ordered, _ = _native.prepare_capture_allocator(True, captures_max)
+        if stream_ordered and not any(v in os.environ for v in _ALLOC_CONF):
+            os.environ[_ALLOC_CONF[0]] = "backend:cudaMallocAsync"  # what libtorch now reads
+
+
 class NativeGraph:
     """A resolved graph loaded without torch: call it like the original module, with arrays."""
 
@@ -488,9 +529,12 @@ class NativeGraph:
         torch_lib: StrPath | None = None,
         strip_prefix: str = "",
         add_prefix: str = "",
+        cuda_graphs: bool | None = None,
+        max_captures: int | None = None,
     ) -> None:
         self._stored = stored
         self._naming = _naming(strip_prefix, add_prefix)
+        captures_wanted, captures_max, captures_off = _capture_options(cuda_graphs, max_captures)
         #: Names the weights provided that the graph does not bind: declared
         #: constants the compiler dropped (unused by the compiled code).
         self.ignored_constants: list[str] = []
@@ -526,7 +570,7 @@ class NativeGraph:
         literals = os.path.join(stored.path, "constants.safetensors")
         has_literals = any(r["source"] == "literal" for r in stored.constants)
         if device.startswith("cuda"):
-            _lazy_module_loading()
+            _prepare_cuda(captures_wanted, captures_max)
         started = time.perf_counter()
         # One overlapped step: the weights are read (and, on a GPU, copied to the
         # device) while libtorch is opened and the container created.
@@ -569,6 +613,7 @@ class NativeGraph:
         self.timings: dict[str, float] = dict(timings)
         self.timings["load_total"] = time.perf_counter() - started
         self._first_call_pending = True
+        self._capture_pending = device.startswith("cuda") and captures_wanted
         self._stream = 0
         in_text, out_text = self._model.call_spec
         self._in = _parse_spec(in_text, "input")
@@ -586,6 +631,15 @@ class NativeGraph:
                 "run.native_unsupported",
             )
         self._facts = self._input_facts()
+        if self.device == "cpu":
+            reason: str | None = "a cpu graph has no CUDA graphs"
+        elif not captures_wanted:
+            reason = captures_off
+        else:
+            reason = self._model.set_captures(True, captures_max)
+        self._captures_off = reason
+        if reason is not None:
+            LOGGER.debug("load_native %s: CUDA graphs off: %s", stored.key, reason)
         _log_timings(f"load_native {stored.key}", self.timings)
 
     def _input_facts(self) -> list[tuple[int | None, str, list[Any]]]:
@@ -616,6 +670,29 @@ class NativeGraph:
     def constant_fqns(self) -> list[str]:
         """The fqns the weights file must hold (parameters and buffers), in table order."""
         return list(self._model.weight_fqns)
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether calls are replayed as CUDA graphs (docs/run.md, "CUDA graphs")."""
+        return self.cuda_graphs_reason is None
+
+    @property
+    def cuda_graphs_reason(self) -> str | None:
+        """Why calls are not replayed as CUDA graphs (``None`` while they are): off by
+        option or environment, a CPU graph, libtorch's caching allocator in this
+        process, a runtime without what capture needs, or a capture that failed."""
+        if self._captures_off is not None:
+            return self._captures_off
+        return self._model.captures_reason
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """What CUDA-graph capture did: ``captures``, ``replays``, ``evictions``,
+        ``invalidated`` (dropped by a rebind), ``fallbacks``, ``uncaptured_runs``,
+        ``captured`` (now) and ``capture_seconds``."""
+        stats = dict(self._model.capture_stats())
+        stats.pop("last_capture_seconds", None)
+        return stats
 
     @property
     def torch_lib(self) -> str:
@@ -745,6 +822,12 @@ class NativeGraph:
         started = time.perf_counter() if self._first_call_pending else 0.0
         outputs = self._model.run(inputs, self._stream)
         del keep, arrays
+        if self._capture_pending:
+            last = self._model.capture_stats().get("last_capture_seconds")
+            if last is not None:
+                self._capture_pending = False
+                self.timings["capture"] = float(last)
+                LOGGER.debug("captured %s in %.1f ms", self._stored.key, last * 1e3)
         if self._first_call_pending:
             # The first call folds the computed constants and loads the kernels.
             self._first_call_pending = False

@@ -226,6 +226,11 @@ pub struct Graph {
     added_bytes: std::sync::atomic::AtomicU64,
     // How long loading took, phase by phase.
     load_timings: Timings,
+    // Bumped by every bind: a CUDA graph captured under another generation
+    // reads constants by addresses that may be gone, and is dropped.
+    pub(crate) binding_generation: std::sync::atomic::AtomicU64,
+    // The captured CUDA graphs of this graph's calls (`crate::capture`).
+    pub(crate) captures: Mutex<crate::capture::Captures>,
     // Dropped after the container (field order): the .so, then its directory.
     _library: Library,
     _extracted: Extracted,
@@ -411,6 +416,8 @@ impl Graph {
             added_bytes: std::sync::atomic::AtomicU64::new(0),
             single_threaded: std::sync::atomic::AtomicBool::new(false),
             load_timings: Vec::new(),
+            binding_generation: std::sync::atomic::AtomicU64::new(0),
+            captures: Mutex::new(crate::capture::Captures::off("not enabled")),
             _library: library,
             _extracted: extracted,
         };
@@ -933,6 +940,10 @@ impl Graph {
                 unsafe { update(self.container, map.as_ptr(), false, true) }
             }
         };
+        // Whatever the container did, captures of the previous binding are
+        // never replayed again.
+        self.binding_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if rc != 0 {
             return Err(invalid(format!(
                 "the container refused the constants: {}",
@@ -1264,6 +1275,12 @@ pub(crate) fn last_error(f: Option<LastError>) -> String {
 
 impl Drop for Graph {
     fn drop(&mut self) {
+        // Captured CUDA graphs launch the container's kernels and read its
+        // constants: they go first, once their last replay finished.
+        self.captures
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .teardown(&self.torch);
         // SAFETY: the container was created by this value and is deleted once,
         // before the library that implements it is closed (field order) and
         // before the constants' allocation it may point into is freed.
