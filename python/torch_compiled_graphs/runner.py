@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -272,7 +272,9 @@ class LoadedGraph:
         #: rebuilds them): records of named fields come back as GraphOutput.
         self._out_records: Any = None
         if self._out_spec is None:
-            self._out_records = _loadpath.parse_spec(out_spec, "output", records=True, unsupported="run.spec_unsupported")
+            self._out_records = _loadpath.parse_spec(
+                out_spec, "output", records=True, unsupported="run.spec_unsupported"
+            )
         self._kwarg_names: list[str] = list(self._in_spec.child(1).context or [])
         #: Bumped by every change of which memory the container reads for its
         #: constants; captures of another generation are dropped (docs/run.md).
