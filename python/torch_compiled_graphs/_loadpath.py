@@ -15,6 +15,8 @@ one load path imported by the others:
   the result;
 - DLPack inputs: :func:`dlpack` takes an array through ``__dlpack__``, ordered
   before the run's stream;
+- CUDA-graph options: :data:`MAX_CAPTURES`, the variables :data:`ENV_CUDA_GRAPHS`
+  and :data:`ENV_MAX_CAPTURES`, read by :func:`flag` and :func:`capture_count`;
 - timings: :func:`log_timings`.
 
 Layering (``tests/test_layering.py`` holds it): the engine
@@ -51,9 +53,14 @@ if TYPE_CHECKING:
     Spec: TypeAlias = tuple[Any, ...]
 
 __all__ = [
+    "ENV_CUDA_GRAPHS",
+    "ENV_MAX_CAPTURES",
+    "MAX_CAPTURES",
+    "capture_count",
     "context",
     "count",
     "dlpack",
+    "flag",
     "flatten",
     "log_timings",
     "naming",
@@ -119,6 +126,43 @@ def weight_paths(weights: object) -> list[str]:
             )
         out.append(os.fspath(item))
     return out
+
+
+# ---------------------------------------------------------------- CUDA graphs
+
+#: Shape sets captured at once per loaded graph, by default.
+MAX_CAPTURES = 8
+#: ``0`` (or ``false``, ``no``, ``off``) turns CUDA graphs off where ``load()`` is not told.
+ENV_CUDA_GRAPHS = "TORCH_COMPILED_GRAPHS_CUDA_GRAPHS"
+#: The default of ``max_captures`` where ``load()`` is not told.
+ENV_MAX_CAPTURES = "TORCH_COMPILED_GRAPHS_MAX_CAPTURES"
+
+_OFF = ("0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on")
+
+
+def flag(value: str, name: str) -> bool | None:
+    """An on/off environment value: ``None`` when empty, else on or off (anything
+    else is ``run.option_invalid``, naming the variable)."""
+    text = value.strip().lower()
+    if not text:
+        return None
+    if text in _OFF or text in _ON:
+        return text in _ON
+    raise BindingError(f"{name}={value!r}: use 0 or 1", "run.option_invalid")
+
+
+def capture_count(value: object, name: str) -> int:
+    """A number of captures (0 or more) given as an argument or an environment value
+    (anything else is ``run.option_invalid``)."""
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise BindingError(f"{name}={value!r}: a number of captures (0 or more)", "run.option_invalid") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BindingError(f"{name} must be a number of captures (0 or more), got {value!r}", "run.option_invalid")
+    return value
 
 
 # ----------------------------------------------------------------- tree specs

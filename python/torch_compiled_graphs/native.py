@@ -274,7 +274,9 @@ _ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 def _capture_options(cuda_graphs: object, max_captures: object) -> tuple[bool, int, str | None]:
     """``(wanted, max_captures, reason_off)`` from the arguments, else the environment
     (the variables and rules of ``load()``, :mod:`torch_compiled_graphs.capture`)."""
-    from .capture import ENV_CUDA_GRAPHS, ENV_MAX_CAPTURES, MAX_CAPTURES, _count, _flag
+    from ._loadpath import ENV_CUDA_GRAPHS, ENV_MAX_CAPTURES, MAX_CAPTURES
+    from ._loadpath import capture_count as _count
+    from ._loadpath import flag as _flag
 
     if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
         raise BindingError(f"cuda_graphs must be True or False, got {cuda_graphs!r}", "run.option_invalid")
