@@ -15,8 +15,10 @@ from torch_compiled_graphs import _native, errors
 
 
 def test_importing_the_package_does_not_import_torch() -> None:
+    # The native load path and the helpers both load paths share are torch-free too.
     code = (
         "import sys, torch_compiled_graphs, torch_compiled_graphs.identity, torch_compiled_graphs.contracts;"
+        "import torch_compiled_graphs.native, torch_compiled_graphs._loadpath;"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -110,7 +110,7 @@ class NativeLoader:
         import torch
         from torch.utils.dlpack import from_dlpack
 
-        from .native import _dlpack
+        from ._loadpath import dlpack as _dlpack
 
         stream = 0
         if self.device != "cpu":

@@ -36,6 +36,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+# The options both load paths read (cuda_graphs, max_captures and their variables).
+from ._loadpath import ENV_CUDA_GRAPHS, ENV_MAX_CAPTURES, MAX_CAPTURES
+from ._loadpath import capture_count as _count
+from ._loadpath import flag as _flag
 from .errors import BindingError
 
 if TYPE_CHECKING:
@@ -60,12 +64,6 @@ LOGGER = logging.getLogger("torch_compiled_graphs")
 #: cuBLAS handles and workspaces are made on first use: none of it may happen
 #: under capture, and a shape set seen once is often never seen again.
 WARMUP_RUNS = 2
-#: Shape sets captured at once per loaded graph, by default.
-MAX_CAPTURES = 8
-#: ``0`` (or ``false``, ``no``, ``off``) turns CUDA graphs off where ``load()`` is not told.
-ENV_CUDA_GRAPHS = "TORCH_COMPILED_GRAPHS_CUDA_GRAPHS"
-#: The default of ``max_captures`` where ``load()`` is not told.
-ENV_MAX_CAPTURES = "TORCH_COMPILED_GRAPHS_MAX_CAPTURES"
 #: ``copy``: a call returns its own copy of the outputs; ``static``: the graph's
 #: output buffers, valid until its next call.
 OUTPUT_MODES = ("copy", "static")
@@ -74,9 +72,6 @@ OUTPUT_MODES = ("copy", "static")
 _WARM_REMEMBERED = 64
 #: One capture at a time in the process: torch's graph capture assumes it.
 _CAPTURE_LOCK = threading.Lock()
-
-_OFF = ("0", "false", "no", "off")
-_ON = ("1", "true", "yes", "on")
 
 
 class CaptureBackend(Protocol):
@@ -229,26 +224,6 @@ class RecordingBackend:
 
     def drain(self, fence: object) -> None:
         self.events.append(("drain",))
-
-
-def _flag(value: str, name: str) -> bool | None:
-    text = value.strip().lower()
-    if not text:
-        return None
-    if text in _OFF or text in _ON:
-        return text in _ON
-    raise BindingError(f"{name}={value!r}: use 0 or 1", "run.option_invalid")
-
-
-def _count(value: object, name: str) -> int:
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise BindingError(f"{name}={value!r}: a number of captures (0 or more)", "run.option_invalid") from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise BindingError(f"{name} must be a number of captures (0 or more), got {value!r}", "run.option_invalid")
-    return value
 
 
 class GraphCapture:

@@ -24,12 +24,14 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import BindingError
-from .runner import LoadedGraph
+
+if TYPE_CHECKING:
+    from .runner import LoadedGraph
 
 __all__ = ["GraphModule"]
 

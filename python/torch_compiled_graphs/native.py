@@ -21,33 +21,34 @@ See docs/run.md for what is checked and what is refused.
 
 from __future__ import annotations
 
-import json
 import logging
 import operator
 import os
 import time
 
 from . import _native
+
+# The helpers both load paths share (_loadpath.py), under the names this module has
+# always used for them (tests import _parse_spec and _unflatten from here).
+from ._loadpath import count as _count
+from ._loadpath import dlpack as _dlpack
+from ._loadpath import flatten as _flatten
+from ._loadpath import log_timings as _log_timings
+from ._loadpath import naming as _naming
+from ._loadpath import parse_spec as _parse_spec
+from ._loadpath import unflatten as _unflatten
+from ._loadpath import weight_paths as _weight_paths
 from .errors import BindingError
-from .outputs import GraphOutput, is_output_record
+from .outputs import GraphOutput
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import Any, TypeAlias
+    from typing import Any
 
     from .engine import StoredCompiledGraph, StrPath
 
-    # ("leaf",) | ("tuple" | "list", children) | ("dict", keys, children)
-    # | ("record", type name, fields, children): an output class read as a GraphOutput
-    Spec: TypeAlias = tuple[Any, ...]
-
 LOGGER = logging.getLogger("torch_compiled_graphs")
-
-
-def _log_timings(what: str, timings: Mapping[str, float]) -> None:
-    if LOGGER.isEnabledFor(logging.DEBUG):
-        LOGGER.debug("%s: %s", what, ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()))
 
 
 __all__ = ["GraphOutput", "NativeGraph", "NativeWeightsSet", "find_torch_lib", "from_buffer", "to_numpy"]
@@ -190,111 +191,6 @@ def _check_torch(stored: StoredCompiledGraph, torch_lib: str) -> str:
     return "record digest"
 
 
-# ----------------------------------------------------------------- tree specs
-
-
-def _context(node: dict[str, Any], default: str) -> Any:
-    """A treespec node's context, decoded (``None`` when it is not JSON)."""
-    try:
-        return json.loads(node.get("context") or default)
-    except (ValueError, TypeError):
-        return None
-
-
-def _parse_spec(text: str, what: str, *, records: bool = False, unsupported: str = "run.native_unsupported") -> Spec:
-    """Torch's treespec JSON (protocol 1) as nested tuples; tuple, list, dict and
-    leaf nodes are understood, and with ``records`` the registered output classes
-    of transformers and diffusers (:func:`~torch_compiled_graphs.outputs.is_output_record`),
-    whose context is the list of their set fields; any other node is
-    ``run.native_unsupported``, naming its type."""
-    try:
-        protocol, root = json.loads(text)
-    except (ValueError, TypeError) as exc:
-        raise BindingError(f"the graph's {what} spec is not a treespec: {exc}", unsupported) from exc
-    if protocol != 1:
-        raise BindingError(f"the graph's {what} spec uses treespec protocol {protocol}", unsupported)
-
-    def node(n: Any) -> Spec:
-        if not isinstance(n, dict) or not isinstance(n.get("children_spec"), list):
-            raise BindingError(f"the graph's {what} spec is malformed", unsupported)
-        kind, children = n.get("type"), [node(c) for c in n["children_spec"]]
-        if kind is None and not children:
-            return ("leaf",)
-        if kind in ("builtins.tuple", "builtins.list"):
-            return (kind.removeprefix("builtins."), children)
-        if kind == "builtins.dict":
-            keys = _context(n, "[]")
-            if not isinstance(keys, list) or len(keys) != len(children) or not all(isinstance(k, str) for k in keys):
-                raise BindingError(f"the graph's {what} spec has a dict of non-string keys", unsupported)
-            return ("dict", keys, children)
-        if records and isinstance(kind, str) and is_output_record(kind):
-            fields = _context(n, "null")
-            if (
-                not isinstance(fields, list)
-                or len(fields) != len(children)
-                or not all(isinstance(f, str) for f in fields)
-                or len(set(fields)) != len(fields)
-            ):
-                raise BindingError(
-                    f"the graph's {what} spec has a {kind} node whose context is not its list of field names",
-                    unsupported,
-                )
-            return ("record", kind, fields, children)
-        if unsupported == "run.native_unsupported":
-            hint = "the native path does not interpret it; use load()"
-        else:
-            hint = "torch cannot rebuild it in this process; import the module that registers it before load()"
-        raise BindingError(f"the graph's {what} spec has a {kind} node: {hint}", unsupported)
-
-    return node(root)
-
-
-def _flatten(spec: Spec, value: Any, path: str, out: list[tuple[str, Any]]) -> None:
-    kind = spec[0]
-    if kind == "leaf":
-        out.append((path, value))
-        return
-    bad = f"argument {path or '(call)'} must be"
-    if kind in ("tuple", "list"):
-        want = tuple if kind == "tuple" else list
-        if not isinstance(value, want) or len(value) != len(spec[1]):
-            raise BindingError(f"{bad} a {kind} of {len(spec[1])}, got {_describe(value)}", "run.call_invalid")
-        for i, (child, item) in enumerate(zip(spec[1], value, strict=True)):
-            _flatten(child, item, f"{path}[{i}]", out)
-        return
-    keys: list[str] = spec[1]
-    if not isinstance(value, dict) or sorted(value) != sorted(keys):
-        got = sorted(value) if isinstance(value, dict) else _describe(value)
-        raise BindingError(f"{bad} a dict with keys {sorted(keys)}, got {got}", "run.call_invalid")
-    for key, child in zip(keys, spec[2], strict=True):
-        _flatten(child, value[key], f"{path}[{key!r}]", out)
-
-
-def _count(spec: Spec) -> int:
-    if spec[0] == "leaf":
-        return 1
-    return sum(_count(c) for c in spec[-1])
-
-
-def _unflatten(spec: Spec, leaves: Any) -> Any:
-    kind = spec[0]
-    if kind == "leaf":
-        return next(leaves)
-    if kind == "tuple":
-        return tuple(_unflatten(c, leaves) for c in spec[1])
-    if kind == "list":
-        return [_unflatten(c, leaves) for c in spec[1]]
-    if kind == "record":
-        return GraphOutput(spec[1], spec[2], [_unflatten(c, leaves) for c in spec[3]])
-    return {k: _unflatten(c, leaves) for k, c in zip(spec[1], spec[2], strict=True)}
-
-
-def _describe(value: object) -> str:
-    if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of {len(value)}"
-    return type(value).__qualname__
-
-
 # ---------------------------------------------------------------------- inputs
 
 
@@ -320,21 +216,6 @@ def _c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
         strides.append(step)
         step *= max(d, 1)
     return tuple(reversed(strides))
-
-
-def _dlpack(path: str, value: Any, stream: int) -> _native.DLPackInput:
-    """Take ``value`` through its ``__dlpack__``; a CUDA producer is asked to order
-    its pending work before ``stream`` (ours: 0 is the legacy default stream, which
-    DLPack spells 1)."""
-    try:
-        kind, _ = value.__dlpack_device__()
-        if int(kind) == 2:  # kDLCUDA
-            capsule = value.__dlpack__(stream=stream or 1)
-        else:
-            capsule = value.__dlpack__()
-    except (BufferError, TypeError, ValueError, RuntimeError) as exc:
-        raise BindingError(f"input {path} cannot be exported through DLPack: {exc}", "run.input_layout") from exc
-    return _native.DLPackInput(capsule)
 
 
 def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int], object]:
@@ -384,27 +265,6 @@ def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int], object]:
     if address % _SIZE[dtype]:
         raise BindingError(f"input {path} is not aligned to its {_SIZE[dtype]}-byte elements", layout)
     return address, nbytes, dtype, shape, keep
-
-
-def _naming(strip_prefix: object, add_prefix: object) -> tuple[str, str]:
-    if not isinstance(strip_prefix, str) or not isinstance(add_prefix, str):
-        raise BindingError("strip_prefix and add_prefix must be strings", "run.weights_invalid")
-    return strip_prefix, add_prefix
-
-
-def _weight_paths(weights: object) -> list[str]:
-    """The weights argument as a list of paths: one path, or a list or tuple of them."""
-    items = list(weights) if isinstance(weights, (list, tuple)) else [weights]
-    if not items:
-        raise BindingError("no weights path was given", "run.weights_invalid")
-    out = []
-    for item in items:
-        if not isinstance(item, (str, os.PathLike)):
-            raise BindingError(
-                f"weights must be a path or a list of paths, got {type(item).__qualname__}", "run.weights_invalid"
-            )
-        out.append(os.fspath(item))
-    return out
 
 
 class NativeWeightsSet:
@@ -486,7 +346,9 @@ _ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 def _capture_options(cuda_graphs: object, max_captures: object) -> tuple[bool, int, str | None]:
     """``(wanted, max_captures, reason_off)`` from the arguments, else the environment
     (the variables and rules of ``load()``, :mod:`torch_compiled_graphs.capture`)."""
-    from .capture import ENV_CUDA_GRAPHS, ENV_MAX_CAPTURES, MAX_CAPTURES, _count, _flag
+    from ._loadpath import ENV_CUDA_GRAPHS, ENV_MAX_CAPTURES, MAX_CAPTURES
+    from ._loadpath import capture_count as _count
+    from ._loadpath import flag as _flag
 
     if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
         raise BindingError(f"cuda_graphs must be True or False, got {cuda_graphs!r}", "run.option_invalid")

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _native
+from . import _loadpath, _native
+from ._torch_weights import check_row, named_tensors, read_checkpoint, tied_mismatch
 from .errors import BindingError
 
 if TYPE_CHECKING:
@@ -30,84 +31,6 @@ if TYPE_CHECKING:
     from .engine import StoredCompiledGraph
 
 __all__ = ["LoadedGraph", "load"]
-
-
-def _read_checkpoint(
-    weights: object,
-    naming: tuple[str, str],
-    device: Any,
-    plan_of: Callable[[list[str]], Mapping[str, Any]],
-    rows: Mapping[str, Mapping[str, Any]] | None,
-) -> tuple[dict[str, Any], int, dict[str, float], Mapping[str, Any]]:
-    """The tensors of a checkpoint on disk that the graph binds, read by the
-    weights pipeline into one allocation on ``device`` (several threads, and on
-    a GPU a pinned ring copied on a copy stream), as views of it by graph name;
-    with the binding plan ``plan_of`` made from the checkpoint's names.
-
-    As on the native path, every check the headers allow comes first (each
-    bound tensor's dtype and shape against its row, tied aliases' dtypes and
-    shapes), then the capacity check, and only then is memory allocated and
-    anything read: tied aliases are compared in bounded chunks, and only the
-    names the plan binds are read."""
-    import torch
-
-    from .native import _weight_paths
-
-    reader = _native.CheckpointReader(_weight_paths(weights), *naming)
-    entries = {name: (dtype, list(shape)) for name, dtype, shape in reader.entries}
-    plan = plan_of(list(entries))
-    dtypes = {}
-    for fqn, name in plan["bind"]:
-        dtype_name, shape = entries[name]
-        shown = repr(fqn) if fqn == name else f"{fqn!r} (bound from its alias {name!r})"
-        if rows is not None:  # None: a weights set's own read, checked by each graph that binds it
-            _check_row(shown, dtype_name, shape, rows[fqn])
-        torch_dtype = getattr(torch, dtype_name, None)
-        if not isinstance(torch_dtype, torch.dtype):
-            raise BindingError(f"{name!r} has a dtype ({dtype_name}) torch cannot hold", "run.weights_invalid")
-        dtypes[name] = torch_dtype
-    for bound_name, other in plan["duplicates"]:
-        if entries[bound_name] != entries[other]:
-            raise _tied_mismatch(bound_name, other)
-    wanted = sorted(dtypes)
-    total = reader.layout_bytes(wanted)
-    index = f"cuda:{device.index}" if device.type == "cuda" else "cpu"
-    reader.check_capacity(total, index)
-    try:
-        buffer = torch.empty(total, dtype=torch.uint8, device=device)
-    except (torch.OutOfMemoryError, RuntimeError) as exc:  # a CPU allocator's failure is a RuntimeError
-        raise BindingError(
-            f"the weights need {total} bytes on {device}, which cannot hold them: {exc}", "run.weights_too_large"
-        ) from exc
-    for bound_name, other in plan["duplicates"]:
-        if not reader.same_values(bound_name, other):
-            raise _tied_mismatch(bound_name, other)
-    offsets, timings = reader.read_into(wanted, buffer.data_ptr(), total, index)
-    named: dict[str, Any] = {}
-    for name, offset in offsets:
-        dtype, shape = dtypes[name], entries[name][1]
-        nbytes = dtype.itemsize
-        for d in shape:
-            nbytes *= d
-        named[name] = buffer[offset : offset + nbytes].view(dtype).view(shape)
-    return named, reader.outside_prefix, dict(timings), plan
-
-
-def _check_row(shown: str, dtype: str, shape: list[int], row: Mapping[str, Any]) -> None:
-    """A constant's dtype and shape (``shown`` names it) against its row of the table."""
-    if dtype != row["dtype"] or shape != list(row["shape"]):
-        raise BindingError(
-            f"constant {shown} is {dtype}{shape}, the graph was compiled for {row['dtype']}{list(row['shape'])}",
-            "run.constant_mismatch",
-        )
-
-
-def _tied_mismatch(bound_name: str, other: str) -> BindingError:
-    return BindingError(
-        f"{bound_name!r} and {other!r} share storage in the exported program, "
-        "but the weights hold different values for them",
-        "run.constant_mismatch",
-    )
 
 
 def _check_tied(duplicates: Any, named: Mapping[str, Any]) -> None:
@@ -128,7 +51,7 @@ def _check_tied(duplicates: Any, named: Mapping[str, Any]) -> None:
             )
         )
         if not same:
-            raise _tied_mismatch(bound_name, other)
+            raise tied_mismatch(bound_name, other)
 
 
 def _device(stored: StoredCompiledGraph, device: object) -> Any:
@@ -158,52 +81,6 @@ def _device(stored: StoredCompiledGraph, device: object) -> Any:
     return dev
 
 
-def _weights(weights: object, device: Any = None) -> dict[str, Any]:
-    import torch
-
-    if isinstance(weights, torch.nn.Module):
-        # Every name a user's module has for each tensor: tied weights under
-        # each of their names, non-persistent buffers too.
-        named: dict[str, Any] = dict(weights.named_parameters(remove_duplicate=False))
-        named.update(weights.named_buffers(remove_duplicate=False))
-        return named
-    if isinstance(weights, Mapping):
-        out: dict[str, Any] = {}
-        for name, value in weights.items():
-            if not isinstance(name, str) or not isinstance(value, torch.Tensor):
-                raise BindingError(
-                    f"weights must map names to tensors; {name!r} maps to {type(value).__qualname__}",
-                    "run.weights_invalid",
-                )
-            out[name] = value
-        return out
-    raise BindingError(
-        f"weights must be an nn.Module, a state_dict or a checkpoint path, got {type(weights).__qualname__}",
-        "run.weights_invalid",
-    )
-
-
-def _renamed(named: dict[str, Any], strip_prefix: str, add_prefix: str) -> tuple[dict[str, Any], int]:
-    if not strip_prefix and not add_prefix:
-        return named, 0
-    out: dict[str, Any] = {}
-    skipped = 0
-    for name, value in named.items():
-        if strip_prefix:
-            if not name.startswith(strip_prefix):
-                skipped += 1
-                continue
-            name = name[len(strip_prefix) :]
-        out[add_prefix + name] = value
-    return out, skipped
-
-
-def _source_name(name: str, naming: tuple[str, str]) -> str:
-    """The caller's name of a tensor :func:`_renamed` named ``name``."""
-    strip_prefix, add_prefix = naming
-    return strip_prefix + name[len(add_prefix) :]
-
-
 def _row_nbytes(row: Mapping[str, Any]) -> int:
     import torch
 
@@ -220,7 +97,7 @@ def _check(name: str, tensor: Any, row: Mapping[str, Any], device: Any) -> Any:
 
 
 def _validate(name: str, tensor: Any, row: Mapping[str, Any], device: Any) -> None:
-    _check_row(repr(name), str(tensor.dtype).removeprefix("torch."), [int(d) for d in tensor.shape], row)
+    check_row(repr(name), str(tensor.dtype).removeprefix("torch."), [int(d) for d in tensor.shape], row)
     if tensor.device != device:
         raise BindingError(
             f"constant {name!r} is on {tensor.device}, the graph runs on {device}", "run.device_mismatch"
@@ -305,10 +182,9 @@ class LoadedGraph:
         import torch
 
         from . import capture
-        from .native import _naming
 
         self._stored = stored
-        self._naming = _naming(strip_prefix, add_prefix)
+        self._naming = _loadpath.naming(strip_prefix, add_prefix)
         #: Names the weights provided that the graph does not bind: declared
         #: constants the compiler dropped (unused by the compiled code).
         self.ignored_constants: list[str] = []
@@ -396,9 +272,9 @@ class LoadedGraph:
         #: rebuilds them): records of named fields come back as GraphOutput.
         self._out_records: Any = None
         if self._out_spec is None:
-            from .native import _parse_spec
-
-            self._out_records = _parse_spec(out_spec, "output", records=True, unsupported="run.spec_unsupported")
+            self._out_records = _loadpath.parse_spec(
+                out_spec, "output", records=True, unsupported="run.spec_unsupported"
+            )
         self._kwarg_names: list[str] = list(self._in_spec.child(1).context or [])
         #: Bumped by every change of which memory the container reads for its
         #: constants; captures of another generation are dropped (docs/run.md).
@@ -455,13 +331,13 @@ class LoadedGraph:
         owned = from_files or (weights_set is not None and not weights_set.borrowed)
         plan: Mapping[str, Any]
         if weights_set is not None:
-            named, outside = _renamed(weights_set.tensors_for_binding(self.device), *self._naming)
+            named, outside = _loadpath.renamed(weights_set.tensors_for_binding(self.device), *self._naming)
             plan = _native.package_plan_binding(package, metadata, list(named))
             _check_tied(plan["duplicates"], named)
         elif from_files:
             # Checked from the headers, then read by the weights pipeline
             # straight into one allocation: only the names the plan binds.
-            named, outside, timings, plan = _read_checkpoint(
+            named, outside, timings, plan = read_checkpoint(
                 weights,
                 self._naming,
                 self.device,
@@ -469,7 +345,7 @@ class LoadedGraph:
                 self._rows,
             )
         else:
-            named, outside = _renamed(_weights(weights, self.device), *self._naming)
+            named, outside = _loadpath.renamed(named_tensors(weights, self.device), *self._naming)
             plan = _native.package_plan_binding(package, metadata, list(named))
             _check_tied(plan["duplicates"], named)
         sources = {fqn: named[name] for fqn, name in plan["bind"]}
@@ -490,11 +366,11 @@ class LoadedGraph:
         module, module_names = None, None
         if isinstance(weights, torch.nn.Module):
             module = weights
-            module_names = {fqn: _source_name(name, self._naming) for fqn, name in plan["bind"]}
+            module_names = {fqn: _loadpath.source_name(name, self._naming) for fqn, name in plan["bind"]}
         elif weights_set is not None and weights_set.module is not None:
             module = weights_set.module
             module_names = {
-                fqn: weights_set.source_name(_source_name(name, self._naming)) for fqn, name in plan["bind"]
+                fqn: weights_set.source_name(_loadpath.source_name(name, self._naming)) for fqn, name in plan["bind"]
             }
         self._binding = Binding(
             sources,
@@ -521,9 +397,7 @@ class LoadedGraph:
         log_copies(f"load {self._stored.key}", copied)
         self.ignored_constants, self.outside_prefix = list(plan["ignored"]), outside
         self.timings.update(timings)
-        from .native import _log_timings
-
-        _log_timings(f"load {self._stored.key}", timings)
+        _loadpath.log_timings(f"load {self._stored.key}", timings)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the graph with the original module's ``(args, kwargs)`` convention."""
@@ -547,9 +421,7 @@ class LoadedGraph:
             self._first_call_pending = False
             self.timings["first_call"] = time.perf_counter() - started
         if self._out_spec is None:
-            from .native import _unflatten
-
-            return _unflatten(self._out_records, iter(outputs))
+            return _loadpath.unflatten(self._out_records, iter(outputs))
         return self._pytree.tree_unflatten(outputs, self._out_spec)
 
     def _run_bound(self, tensors: list[Any]) -> Any:
@@ -739,7 +611,7 @@ def write_weights(
             f"write_weights takes the nn.Module the graph was exported from, got {type(module).__qualname__}",
             "run.weights_invalid",
         )
-    named = _weights(module)
+    named = named_tensors(module)
     plan = _native.package_plan_binding(os.fspath(stored.package_path), stored.metadata, list(named))
     kinds = stored.weights_contract["kinds"]
     rows = {row["fqn"]: row for row in stored.constants}

@@ -41,8 +41,10 @@ class WeightsSet:
     def __init__(self, weights: object, *, device: object = None, strip_prefix: str = "", add_prefix: str = "") -> None:
         import torch
 
-        from .native import _naming
-        from .runner import _read_checkpoint, _renamed, _weights
+        from ._loadpath import naming as _naming
+        from ._loadpath import renamed as _renamed
+        from ._torch_weights import named_tensors as _weights
+        from ._torch_weights import read_checkpoint as _read_checkpoint
 
         naming = _naming(strip_prefix, add_prefix)
         self._naming = naming
