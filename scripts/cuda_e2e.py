@@ -806,13 +806,16 @@ def denoiser_class():
 
 
 def build():
-    # Built on the meta device (instant), the checkpoint's tensors assigned on the GPU.
+    # Built on the meta device (instant), the checkpoint's tensors assigned on the GPU,
+    # each its own allocation as a module's parameters are (not views into one buffer
+    # at the file's offsets, which a graph could not bind in place).
     import torch
     from safetensors.torch import load_file
 
     with torch.device("meta"):
         unet = denoiser_class()(**unet_kwargs())
-    unet.load_state_dict(load_file(CKPT, device="cuda"), assign=True)
+    state = {k: v.to("cuda", copy=True) for k, v in load_file(CKPT).items()}
+    unet.load_state_dict(state, assign=True)
     return unet.eval().requires_grad_(False)
 
 
@@ -1511,7 +1514,7 @@ def weights_once(
                 got = child(*argv, timeout=180)
                 ttfo = _dig(got, "cold", "ttfo_s")
                 if "error" in got or not isinstance(ttfo, (int, float)) or not _dig(got, "cold", "finite"):
-                    errors[way] = str(got.get("error") or got)[-3000:]
+                    errors[way] = json.dumps({k: got.get(k) for k in ("error", "errors", "cold")}, default=str)[-3000:]
                 elif i > 0:
                     samples[way].append(float(ttfo))
             cold["median_ttfo_s"] = {w: statistics.median(s) for w, s in samples.items() if s}
