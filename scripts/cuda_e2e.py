@@ -27,10 +27,24 @@
    transformer blocks at batch 1 and 8, eager, ``torch.compile`` (default,
    ``reduce-overhead``, and ``max-autotune`` for the block stack only: its
    autotuning of the UNet alone would take minutes), ours through ``load()``
-   with and without CUDA graphs and through ``load_native``, with the first-call
-   and capture costs; written to ``OUT/cuda-graphs.json`` (``--no-tests
-   --no-bench --graphs`` runs it alone).
-6. Writes everything to ``OUT/cuda-e2e.json`` and prints a summary.
+   and ``load_native`` with and without CUDA graphs, and the Rust ``serve``
+   example (``--serve-bin``, ``--cuda-graphs on|off``) on the block stack at
+   batch 1 and 8 against ``load_native`` timed the same way, with the first-call
+   and capture costs and the goals' ratios (``graphs.ratios``); written to
+   ``OUT/cuda-graphs.json`` (``--no-tests --no-bench --graphs`` runs it alone).
+6. With ``--weights-once``, issue 33's benchmark (:func:`weights_once`): a
+   ~506 M-parameter bf16 ``UNet2DConditionModel`` (1.01 GB) minted in four
+   resolution buckets in parallel, then in fresh processes the GPU memory of
+   (a) the module and module + ``load(module)``, (b) ``WeightsSet(module)`` + four
+   ``load(set)``, (c) ``NativeWeightsSet`` + four ``load_native(set)`` against one
+   ``load_native(checkpoint)``, (d) LoRA apply / replace times (rank 16 on every
+   attention projection, made with PEFT) against diffusers' load + fuse, on the
+   native set too when it has ``apply_lora``, and (e) cold start of four buckets
+   against one; ratios in ``weights_once.ratios``, written to
+   ``OUT/weights-once.json``. The whole run may exceed one command's time:
+   ``--weights-once-work DIR --weights-once-stages none`` sets up and mints, and
+   later commands with the same DIR run chosen stages (``module,set,lora,native,cold``).
+7. Writes everything to ``OUT/cuda-e2e.json`` and prints a summary.
 
 On the device machine of this project (see docs/cuda.md), with the wheel
 built here and carried as ``dist``:
