@@ -3,7 +3,7 @@ in the same session. Results go to bench-out/ (JSON) and are summarised on
 stdout; docs/benchmarks.md records them with this command.
 
     python scripts/bench.py [--moto PATH] [section ...]
-        sections: resolve, store, verify, ttfi, mint, fleet, build, coldstart (default: all); fleet-io is fleet
+        sections: resolve, store, verify, ttfi, mint, fleet, build, coldstart, steady (default: all); fleet-io is fleet
         without the 8-worker cold start; fleet-cold is the 8-worker cold start alone; --moto
         names the moto_server to start (default: $TCG_MOTO_SERVER, the venv's, then PATH's)
 
@@ -12,6 +12,11 @@ the GPU machine), TCG_BENCH_OUT the folder for the JSON results (default bench-o
 TCG_BENCH_FLEET_REPEAT sets the fleet rounds (default 9; the fetch cases run a third as many).
 TCG_BENCH_CLI_BASE names another build of the CLI (an earlier commit): fleet-io then times its
 pull and import in the same rounds, for a before/after in one run.
+
+steady is the steady-state benchmark of CUDA-graph replay (issue 32), scripts/cuda_e2e.py's
+graphs bench and its goals' ratios, when torch sees a CUDA device; the Rust rows run the serve
+example named by TCG_BENCH_SERVE (default: target/release/examples/serve when it exists). On a
+machine without a GPU it records "skipped: no CUDA device", which is not a result.
 """
 
 from __future__ import annotations
@@ -532,6 +537,32 @@ def bench_fleet_cold_start(work: Path, moto: object, env: dict[str, str]) -> dic
     }
 
 
+def bench_steady() -> dict[str, object]:
+    """Issue 32's steady-state benchmark through scripts/cuda_e2e.py's graphs bench (the
+    same code, run on the package this checkout built), with its goals' ratios."""
+    try:
+        import torch
+
+        cuda = bool(torch.cuda.is_available())
+    except ImportError:
+        cuda = False
+    if not cuda:
+        return {"skipped": "no CUDA device"}
+    import cuda_e2e
+
+    serve = os.environ.get("TCG_BENCH_SERVE") or ROOT / "target" / "release" / "examples" / "serve"
+    if Path(serve).is_file():
+        cuda_e2e.SERVE_BIN.append(os.path.abspath(serve))
+    graphs: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="tcg-steady-") as tmp:
+        # The package as maturin develop installed it (python/ holds the built extension).
+        cuda_e2e.graphs_bench(ROOT / "python", Path(tmp), graphs, lambda: None)
+    graphs["ratios"] = cuda_e2e.graphs_ratios(graphs)
+    if not cuda_e2e.SERVE_BIN:
+        graphs["rust_serve"] = "skipped: no serve binary (TCG_BENCH_SERVE or target/release/examples/serve)"
+    return graphs
+
+
 def run_example(package: str, example: str) -> dict[str, object]:
     out = subprocess.run(
         ["cargo", "run", "--release", "--quiet", "-p", package, "--example", example],
@@ -551,7 +582,7 @@ def main() -> None:
         i = args.index("--moto")
         os.environ["TCG_MOTO_SERVER"] = args[i + 1]
         del args[i : i + 2]
-    sections = args or ["resolve", "store", "verify", "ttfi", "mint", "fleet", "build", "coldstart"]
+    sections = args or ["resolve", "store", "verify", "ttfi", "mint", "fleet", "build", "coldstart", "steady"]
     OUT.mkdir(exist_ok=True)
     results: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     if "resolve" in sections:
@@ -591,6 +622,8 @@ def main() -> None:
             argv = ["--out", str(OUT), "--device", "cpu", "--sizes", "small", "--repeat", "3"]
             argv += ["--serve-bin", str(serve), "--work", tmp]
             results["coldstart"] = coldstart.main(argv)
+    if "steady" in sections:
+        results["steady"] = bench_steady()
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (OUT / f"bench-{stamp}.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(json.dumps(results, indent=1, sort_keys=True))
