@@ -106,7 +106,7 @@ impl HostTensor {
 }
 
 /// An IEEE half's value.
-fn f16_to_f64(bits: u16) -> f64 {
+pub(crate) fn f16_to_f64(bits: u16) -> f64 {
     let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
     let exp = i32::from((bits >> 10) & 0x1f);
     let frac = f64::from(bits & 0x3ff);

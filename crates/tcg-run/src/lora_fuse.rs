@@ -384,3 +384,7 @@ fn upload(
     out.copy_from(raw.handle())?;
     Ok(out)
 }
+
+#[cfg(test)]
+#[path = "lora_fuse_tests.rs"]
+mod tests;
