@@ -14,7 +14,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use tcg_core::artifact::{ConstantRow, ConstantSource};
 use tcg_core::{Code, Error};
-use tcg_run::{ConstantBuffer, Device, Dim, Graph, Input, OwnedTensor, Torch};
+use tcg_run::{
+    ConstantBuffer, Device, Dim, Graph, Input, LoadRequest, OwnedTensor, Torch, WeightsSet,
+    WeightsSource,
+};
 
 use crate::dlpack::{capsule, DLPackInput};
 use crate::errors::IntoPyResult;
@@ -23,6 +26,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checkpoint_files, m)?)?;
     m.add_class::<CheckpointReader>()?;
     m.add_class::<NativeModel>()?;
+    m.add_class::<NativeWeightsSet>()?;
     m.add_class::<NativeTensor>()?;
     m.add_class::<DLPackInput>()?;
     m.add_function(wrap_pyfunction!(upload, m)?)?;
@@ -83,6 +87,75 @@ fn upload(
 fn synchronize(py: Python<'_>, torch_lib: PathBuf, stream: usize) -> PyResult<()> {
     py.detach(move || Torch::open(&torch_lib)?.cuda()?.synchronize(stream))
         .py()
+}
+
+/// Every tensor of a checkpoint read once onto a device, shared by the
+/// models bound to it (`tcg_run::WeightsSet`).
+#[pyclass(module = "torch_compiled_graphs._native", frozen)]
+struct NativeWeightsSet {
+    inner: Arc<WeightsSet>,
+}
+
+#[pymethods]
+impl NativeWeightsSet {
+    /// Read every tensor of `weights` (safetensors files, sharded
+    /// checkpoints by their index, or directories holding either; names
+    /// mapped by the prefixes) once onto `device` with libtorch from `torch_lib`.
+    #[staticmethod]
+    #[pyo3(signature = (torch_lib, device, weights, strip_prefix=None, add_prefix=None))]
+    fn open(
+        py: Python<'_>,
+        torch_lib: PathBuf,
+        device: String,
+        weights: Vec<PathBuf>,
+        strip_prefix: Option<String>,
+        add_prefix: Option<String>,
+    ) -> PyResult<NativeWeightsSet> {
+        let naming = naming(strip_prefix, add_prefix);
+        let inner = py
+            .detach(move || {
+                let checkpoint = tcg_run::weights::Checkpoint::open(&weights, &naming)?;
+                WeightsSet::open(&torch_lib, &device, &checkpoint)
+            })
+            .py()?;
+        Ok(NativeWeightsSet { inner })
+    }
+
+    /// Bytes of tensor data the set holds.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.inner.nbytes()
+    }
+
+    /// Every tensor's name, sorted.
+    #[getter]
+    fn names(&self) -> Vec<String> {
+        self.inner.names().map(str::to_owned).collect()
+    }
+
+    /// `"cpu"` or `"cuda:N"`.
+    #[getter]
+    fn device(&self) -> String {
+        self.inner.device().to_string()
+    }
+
+    /// Tensors skipped for lying outside `strip_prefix`.
+    #[getter]
+    fn outside_prefix(&self) -> usize {
+        self.inner.outside_prefix()
+    }
+
+    /// How long opening took, phase by phase (`(name, seconds)`).
+    #[getter]
+    fn timings(&self) -> Timings {
+        timings(self.inner.timings())
+    }
+
+    /// The libtorch directory the set was opened with.
+    #[getter]
+    fn torch_lib(&self) -> PathBuf {
+        self.inner.torch().dir().to_owned()
+    }
 }
 
 /// A resolved graph loaded through libtorch's C ABI.
@@ -188,17 +261,17 @@ impl NativeModel {
                     &contract_rows,
                 )?;
                 let checkpoint = tcg_run::weights::Checkpoint::open(&weights, &naming)?;
-                Graph::load_bound(
-                    &torch_lib,
-                    &package,
-                    &entry,
-                    &device,
-                    &sm,
+                Graph::load_request(LoadRequest {
+                    torch_lib: &torch_lib,
+                    package: &package,
+                    entry: &entry,
+                    device: &device,
+                    sm: &sm,
                     rows,
                     contract,
-                    &checkpoint,
-                    literals.as_deref(),
-                )
+                    weights: WeightsSource::Files(&checkpoint),
+                    literals: literals.as_deref(),
+                })
             })
             .py()?;
         let t = timings(graph.load_timings());
@@ -210,6 +283,84 @@ impl NativeModel {
             report.outside_prefix,
             t,
         ))
+    }
+
+    /// Load and bind to a weights set in one overlapped step (the set's
+    /// tensors bound without a copy, the literals read for this graph):
+    /// returns the model, the ignored names and the timings. The set must be
+    /// on `device` (`run.device_mismatch`).
+    #[staticmethod]
+    #[pyo3(signature = (torch_lib, package, entry, device, sm, constants, metadata, set, literals=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn load_set(
+        py: Python<'_>,
+        torch_lib: PathBuf,
+        package: PathBuf,
+        entry: String,
+        device: String,
+        sm: String,
+        constants: Vec<Row>,
+        metadata: &Bound<'_, PyAny>,
+        set: &NativeWeightsSet,
+        literals: Option<PathBuf>,
+    ) -> PyResult<(NativeModel, Vec<String>, Timings)> {
+        let rows = parse_rows(constants)?;
+        let (declared, contract_rows) = crate::artifact::contract_inputs(metadata)?;
+        let set = Arc::clone(&set.inner);
+        let (graph, report) = py
+            .detach(move || {
+                let contract = tcg_core::artifact::package::weights_contract_of(
+                    &package,
+                    &declared,
+                    &contract_rows,
+                )?;
+                Graph::load_request(LoadRequest {
+                    torch_lib: &torch_lib,
+                    package: &package,
+                    entry: &entry,
+                    device: &device,
+                    sm: &sm,
+                    rows,
+                    contract,
+                    weights: WeightsSource::Set(set),
+                    literals: literals.as_deref(),
+                })
+            })
+            .py()?;
+        let t = timings(graph.load_timings());
+        Ok((
+            NativeModel {
+                inner: Arc::new(graph),
+            },
+            report.ignored,
+            t,
+        ))
+    }
+
+    /// Bind the model to a weights set (a rebind, with the checks of
+    /// loading) and the literal payload when the graph has literals.
+    /// Returns `(ignored names, timings)`.
+    #[pyo3(signature = (set, literals=None))]
+    fn bind_set(
+        &self,
+        py: Python<'_>,
+        set: &NativeWeightsSet,
+        literals: Option<PathBuf>,
+    ) -> PyResult<(Vec<String>, Timings)> {
+        let graph = Arc::clone(&self.inner);
+        let set = Arc::clone(&set.inner);
+        let report = py
+            .detach(move || graph.bind_set(&set, literals.as_deref()))
+            .py()?;
+        let t = timings(&report.timings);
+        Ok((report.ignored, t))
+    }
+
+    /// Bytes of constants the last bind added for this model alone, beyond
+    /// a weights set it shares (the container's folded constants not counted).
+    #[getter]
+    fn added_bytes(&self) -> u64 {
+        self.inner.added_bytes()
     }
 
     /// How long loading took, phase by phase (`(name, seconds)`; empty for a

@@ -174,6 +174,10 @@ impl Graph {
         };
         let _shared = (!single).then(|| self.lock.read().unwrap_or_else(|p| p.into_inner()));
         let _exclusive = single.then(|| self.lock.write().unwrap_or_else(|p| p.into_inner()));
+        // A weights set's shared lock while the work is queued: an update of
+        // the set's values (its exclusive lock) waits for it.
+        let set = self.weights_set();
+        let _set_shared = set.as_deref().map(crate::weights_set::WeightsSet::shared);
         // SAFETY: `raw` holds `num_inputs` live handles, which Run steals (the
         // count was checked above, so the container's own count check cannot
         // fail before it takes them); `outputs` has room for `num_outputs`

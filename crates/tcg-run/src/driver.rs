@@ -40,6 +40,7 @@ type MemHostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CuR
 type MemFreeHost = unsafe extern "C" fn(*mut c_void) -> CuResult;
 type MemcpyHtoDAsync =
     unsafe extern "C" fn(CuDevicePtr, *const c_void, usize, CuStream) -> CuResult;
+type MemcpyDtoH = unsafe extern "C" fn(*mut c_void, CuDevicePtr, usize) -> CuResult;
 type StreamCreate = unsafe extern "C" fn(*mut CuStream, c_uint) -> CuResult;
 type StreamOp = unsafe extern "C" fn(CuStream) -> CuResult;
 type EventCreate = unsafe extern "C" fn(*mut CuEvent, c_uint) -> CuResult;
@@ -61,6 +62,7 @@ pub struct Driver {
     mem_host_alloc: MemHostAlloc,
     mem_free_host: MemFreeHost,
     memcpy_htod_async: MemcpyHtoDAsync,
+    memcpy_dtoh: MemcpyDtoH,
     stream_create: StreamCreate,
     stream_synchronize: StreamOp,
     stream_destroy: StreamOp,
@@ -150,6 +152,7 @@ impl Driver {
             mem_host_alloc: symbol(&lib, "cuMemHostAlloc")?,
             mem_free_host: symbol(&lib, "cuMemFreeHost")?,
             memcpy_htod_async: symbol(&lib, "cuMemcpyHtoDAsync_v2")?,
+            memcpy_dtoh: symbol(&lib, "cuMemcpyDtoH_v2")?,
             stream_create: symbol(&lib, "cuStreamCreate")?,
             stream_synchronize: symbol(&lib, "cuStreamSynchronize")?,
             stream_destroy: symbol(&lib, "cuStreamDestroy_v2")?,
@@ -305,6 +308,24 @@ impl Context {
     pub fn index(&self) -> i32 {
         self.index
     }
+
+    /// Copy `dst.len()` bytes from the device address `src` to `dst`,
+    /// synchronously (after the work queued before it on the legacy default
+    /// stream).
+    ///
+    /// # Safety
+    /// `src..src + dst.len()` must be memory of this context's device.
+    pub(crate) unsafe fn copy_to_host(&self, dst: &mut [u8], src: usize) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: `dst` is writable host memory of that length; the source
+        // range is device memory (the caller's contract).
+        self.driver.check(
+            unsafe {
+                (self.driver.memcpy_dtoh)(dst.as_mut_ptr().cast(), src as CuDevicePtr, dst.len())
+            },
+            "device-to-host copy",
+        )
+    }
 }
 
 /// Device memory from `cuMemAlloc`, freed on drop (the primary context is
@@ -328,6 +349,11 @@ impl std::fmt::Debug for DeviceMemory {
 }
 
 impl DeviceMemory {
+    /// The context the memory belongs to.
+    pub(crate) fn context(&self) -> Context {
+        self.context
+    }
+
     /// `len` bytes (at least one) on the context's device.
     pub fn new(context: Context, len: usize) -> Result<DeviceMemory> {
         context.make_current()?;

@@ -21,10 +21,11 @@ use tcg_core::{Code, Error, Result};
 use crate::cuda::{check_capability, wanted_capability, Device};
 use crate::extract::{extract, Extracted};
 use crate::inputs::{input_facts, InputFact};
-use crate::pipeline::{reader_threads, stage, Memory, Readers, Staged, Timings};
+use crate::pipeline::{reader_threads, stage, stage_literals, Memory, Readers, Staged, Timings};
 use crate::stdmap::CxxAbi;
 use crate::torch::{BorrowedTensor, Dtype, TensorHandle, Torch};
 use crate::weights::{Checkpoint, Naming};
+use crate::weights_set::{plan_set, SetPlan, WeightsSet};
 use tcg_core::artifact::weights::WeightsContract;
 
 /// What a bind did besides binding: the provided names the graph does not
@@ -38,6 +39,12 @@ pub struct BindReport {
     pub outside_prefix: usize,
     /// Bytes of constants read from the files.
     pub bytes: u64,
+    /// Bytes of constants this graph holds of its own beyond a weights set it
+    /// is bound to: its literals (a graph bound from files holds every
+    /// constant it read, so this is `bytes`). The constants the container
+    /// folds live in its own buffers, whose size it does not report: not
+    /// counted.
+    pub added_bytes: u64,
     /// How long each phase of the bind took, in seconds (`plan_weights`,
     /// `cuda_context` on a GPU, `read_weights`, `copy_weights`, `bind_weights`).
     pub timings: Timings,
@@ -141,6 +148,50 @@ pub struct ConstantBuffer {
     pub device: Device,
 }
 
+/// Where a load's weights come from.
+#[derive(Debug, Clone)]
+pub enum WeightsSource<'a> {
+    /// Safetensors files, read for this graph alone (what it binds).
+    Files(&'a Checkpoint),
+    /// A weights set on the graph's device, shared with other graphs: bound
+    /// without a copy ([`Graph::bind_set`]).
+    Set(Arc<WeightsSet>),
+}
+
+/// What [`Graph::load_request`] loads: entry `entry` of the package at
+/// `package`, with libtorch from `torch_lib`, on `device` (`cpu`, `cuda:N`),
+/// for an artifact of axis value `sm`, checked against `rows` (the
+/// metadata's constant table) and bound by `contract` (the artifact's
+/// weights contract) from `weights`, its literal rows from `literals` (the
+/// artifact's `constants.safetensors`, when it has any).
+#[derive(Debug)]
+pub struct LoadRequest<'a> {
+    /// The directory of libtorch's shared libraries.
+    pub torch_lib: &'a Path,
+    /// The package (`model.pt2`).
+    pub package: &'a Path,
+    /// The entry (graph class name) inside the package.
+    pub entry: &'a str,
+    /// `cpu` or `cuda:N`.
+    pub device: &'a str,
+    /// The artifact's axis value (`cpu…` or `sm_NN`).
+    pub sm: &'a str,
+    /// The metadata's constant table.
+    pub rows: Vec<ConstantRow>,
+    /// The artifact's weights contract.
+    pub contract: WeightsContract,
+    /// Where the weights come from.
+    pub weights: WeightsSource<'a>,
+    /// The literal payload, when the graph has literal rows.
+    pub literals: Option<&'a Path>,
+}
+
+/// What the staging thread of a load produced.
+enum Staging {
+    Files(Staged),
+    Set(SetPlan, Option<Staged>, f64),
+}
+
 /// A resolved graph loaded through the wrapper's C ABI.
 pub struct Graph {
     pub(crate) torch: Arc<Torch>,
@@ -166,6 +217,13 @@ pub struct Graph {
     // The allocation the container's constants live in, when it was handed
     // over without a copy; freed after the container (see `Drop`).
     weights: Mutex<Option<Memory>>,
+    // The weights set the container's constants point into, when bound to
+    // one; dropped after the container (see `Drop`), so graph and set drop
+    // in any order.
+    pub(crate) set: Mutex<Option<Arc<WeightsSet>>>,
+    // What the last bind added beyond memory shared with others (see
+    // `BindReport::added_bytes`).
+    added_bytes: std::sync::atomic::AtomicU64,
     // How long loading took, phase by phase.
     load_timings: Timings,
     // Dropped after the container (field order): the .so, then its directory.
@@ -349,6 +407,8 @@ impl Graph {
             cxx,
             contract: RwLock::new(WeightsContract::from_rows(&[])),
             weights: Mutex::new(None),
+            set: Mutex::new(None),
+            added_bytes: std::sync::atomic::AtomicU64::new(0),
             single_threaded: std::sync::atomic::AtomicBool::new(false),
             load_timings: Vec::new(),
             _library: library,
@@ -658,12 +718,149 @@ impl Graph {
         // The container now reads the new allocation (or its own copy); the
         // previous allocation is no longer referenced and is freed here.
         *held = if user_managed { Some(memory) } else { None };
+        drop(held);
+        // No longer bound to a set (if it was).
+        drop(self.set.lock().unwrap_or_else(|p| p.into_inner()).take());
         timings.push(("bind_weights", started.elapsed().as_secs_f64()));
+        self.added_bytes
+            .store(bytes, std::sync::atomic::Ordering::SeqCst);
         Ok(BindReport {
             ignored,
             outside_prefix,
             bytes,
+            added_bytes: bytes,
             timings,
+        })
+    }
+
+    /// Bind the graph to `set` (a rebind; [`WeightsSource::Set`] binds at
+    /// load): the names the graph's table needs are checked by its weights
+    /// contract as a bind from files checks them (the same codes; names the
+    /// compiler dropped are ignored and reported), then the container gets
+    /// user-managed handles over the set's memory, without a copy. The
+    /// graph's literals (`literals`, the artifact's `constants.safetensors`,
+    /// when it has literal rows) are read into memory of its own. A set on
+    /// another device is `run.device_mismatch`. A refused bind leaves the
+    /// bound weights in place.
+    pub fn bind_set(&self, set: &Arc<WeightsSet>, literals: Option<&Path>) -> Result<BindReport> {
+        let started = Instant::now();
+        let rows: Vec<ConstantRow> = self.rows.values().cloned().collect();
+        let plan = {
+            let contract = self.contract.read().unwrap_or_else(|p| p.into_inner());
+            plan_set(&rows, &contract, set, self.device)?
+        };
+        let mut timings: Timings = vec![("plan_weights", started.elapsed().as_secs_f64())];
+        let staged = stage_literals(&rows, literals, self.device, &Readers::spawn(1)?)?;
+        if let Some(s) = &staged {
+            timings.extend(s.timings.iter().filter(|(k, _)| *k != "plan_weights"));
+        }
+        let mut report = self.bind_to_set(set, plan, staged)?;
+        timings.extend(report.timings.iter().copied());
+        report.timings = timings;
+        Ok(report)
+    }
+
+    /// Bytes of constants the last bind added for this graph alone, beyond
+    /// a weights set it shares ([`BindReport::added_bytes`]; the constants
+    /// the container folds are its own and not counted).
+    pub fn added_bytes(&self) -> u64 {
+        self.added_bytes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The weights set the graph is bound to, if any.
+    pub fn weights_set(&self) -> Option<Arc<WeightsSet>> {
+        self.set.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Hand the container handles over `set`'s tensors (as `plan` maps them)
+    /// and the graph's own literals (`literals`, staged), then hold both.
+    fn bind_to_set(
+        &self,
+        set: &Arc<WeightsSet>,
+        plan: SetPlan,
+        literals: Option<Staged>,
+    ) -> Result<BindReport> {
+        let started = Instant::now();
+        if !Arc::ptr_eq(set.torch(), &self.torch) {
+            return Err(Error::new(
+                Code::RunTorchMismatch,
+                "the weights set was opened with another libtorch than the graph's",
+            ));
+        }
+        let mut tensors: Vec<(&ContainerConstant, BorrowedTensor)> = Vec::new();
+        let mut shared_bytes = 0u64;
+        for c in self.constants.iter().filter(|c| !c.from_folded) {
+            let row = &self.rows[&c.fqn];
+            let shape: Vec<i64> = row.shape.iter().map(|&d| d as i64).collect();
+            let address = match row.source {
+                ConstantSource::Literal => {
+                    let staged = literals.as_ref().ok_or_else(|| {
+                        Error::new(
+                            Code::RunLiteralPayload,
+                            "the graph has literal constants but no literal payload was given",
+                        )
+                    })?;
+                    let p = staged.placed.get(&c.fqn).ok_or_else(|| {
+                        Error::new(
+                            Code::RunLiteralPayload,
+                            format!("the literal payload lacks {:?}", c.fqn),
+                        )
+                    })?;
+                    staged.memory.ptr() + p.offset
+                }
+                _ => {
+                    let address = *plan.bind.get(&c.fqn).ok_or_else(|| {
+                        Error::new(
+                            Code::RunConstantMissing,
+                            format!("the weights set lacks {:?}", c.fqn),
+                        )
+                    })?;
+                    shared_bytes +=
+                        shape.iter().product::<i64>().max(0) as u64 * c.dtype.size as u64;
+                    address
+                }
+            };
+            // SAFETY: `address` holds the constant's bytes (its dtype and
+            // shape, the container's, checked against the set's entry or the
+            // literal payload's header): inside the set's allocation, which
+            // the graph holds (an `Arc`) until the next bind replaced it or
+            // the container is deleted, or inside the staged literals, which
+            // the graph keeps as long. The handles made here drop when this
+            // function returns.
+            let t = unsafe {
+                BorrowedTensor::new(
+                    &self.torch,
+                    address as *mut c_void,
+                    &shape,
+                    c.dtype,
+                    self.device,
+                )?
+            };
+            tensors.push((c, t));
+        }
+        let user_managed = self.hand_over(tensors)?;
+        let literal_bytes = literals.as_ref().map_or(0, |s| s.bytes);
+        // Without the user-managed API the container copied everything.
+        let added = if user_managed {
+            literal_bytes
+        } else {
+            literal_bytes + shared_bytes
+        };
+        self.added_bytes
+            .store(added, std::sync::atomic::Ordering::SeqCst);
+        let memory = literals.map(|s| s.memory);
+        // The container now reads the set (or, without the user-managed
+        // API, its own copy) and the literals; the previous allocation or set
+        // is no longer referenced and is released here.
+        *self.weights.lock().unwrap_or_else(|p| p.into_inner()) =
+            if user_managed { memory } else { None };
+        *self.set.lock().unwrap_or_else(|p| p.into_inner()) = user_managed.then(|| Arc::clone(set));
+        Ok(BindReport {
+            ignored: plan.ignored,
+            outside_prefix: set.outside_prefix(),
+            bytes: literal_bytes,
+            added_bytes: added,
+            timings: vec![("bind_weights", started.elapsed().as_secs_f64())],
         })
     }
 
@@ -863,43 +1060,54 @@ impl Graph {
         }
         let user_managed = self.hand_over(tensors)?;
         // The container reads the caller's buffers (or its own copy) now; the
-        // pipeline's allocation of an earlier bind is no longer referenced.
+        // pipeline's allocation (or the weights set) of an earlier bind is no
+        // longer referenced.
         drop(
             self.weights
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take(),
         );
+        drop(self.set.lock().unwrap_or_else(|p| p.into_inner()).take());
+        // The caller's buffers are the caller's; a copy is the container's.
+        let copied: usize = if user_managed {
+            0
+        } else {
+            buffers.iter().map(|b| b.nbytes).sum()
+        };
+        self.added_bytes
+            .store(copied as u64, std::sync::atomic::Ordering::SeqCst);
         Ok(user_managed)
     }
 
     /// How long loading took, phase by phase, when the graph was loaded with
-    /// [`Graph::load_bound`] (`open_libraries`, `extract_package`,
+    /// [`Graph::load_request`] (`open_libraries`, `extract_package`,
     /// `open_model`, `create_container`, those of the first bind, ...;
     /// docs/run.md lists them); empty for [`Graph::load`].
     pub fn load_timings(&self) -> &Timings {
         &self.load_timings
     }
 
-    /// Load the graph (as [`Graph::load`]) and bind `weights` in one step,
+    /// Load the graph (as [`Graph::load`]) and bind its weights in one step,
     /// overlapped: while libtorch's libraries are opened, one thread extracts
     /// the package (the `.so` and its cubins, checked) and another stages the
     /// weights (on a GPU with the CUDA driver alone: the device context, a
-    /// pinned ring, the copies); the container is created once both the
-    /// libraries and the extraction are there, and only the final hand-over
-    /// waits for the weights.
-    #[allow(clippy::too_many_arguments)]
-    pub fn load_bound(
-        torch_lib: &Path,
-        package: &Path,
-        entry: &str,
-        device: &str,
-        sm: &str,
-        rows: Vec<ConstantRow>,
-        contract: WeightsContract,
-        checkpoint: &Checkpoint,
-        literals: Option<&Path>,
-    ) -> Result<(Graph, BindReport)> {
+    /// pinned ring, the copies) or, for [`WeightsSource::Set`], checks the
+    /// set against the table and reads the graph's literals; the container
+    /// is created once both the libraries and the extraction are there, and
+    /// only the final hand-over waits for the weights.
+    pub fn load_request(req: LoadRequest<'_>) -> Result<(Graph, BindReport)> {
+        let LoadRequest {
+            torch_lib,
+            package,
+            entry,
+            device,
+            sm,
+            rows,
+            contract,
+            weights,
+            literals,
+        } = req;
         let started = Instant::now();
         let parsed = Device::parse(device)?;
         let wants = wanted_capability(parsed, sm)?;
@@ -922,7 +1130,19 @@ impl Graph {
         let (loaded, staged) = std::thread::scope(|scope| {
             let staging = scope.spawn(|| {
                 started_both.wait();
-                stage(&rows, &contract, checkpoint, literals, parsed, sm, &readers)
+                match &weights {
+                    WeightsSource::Files(checkpoint) => {
+                        stage(&rows, &contract, checkpoint, literals, parsed, sm, &readers)
+                            .map(Staging::Files)
+                    }
+                    WeightsSource::Set(set) => {
+                        let t = Instant::now();
+                        let plan = plan_set(&rows, &contract, set, parsed)?;
+                        let took = t.elapsed().as_secs_f64();
+                        let staged = stage_literals(&rows, literals, parsed, &readers)?;
+                        Ok(Staging::Set(plan, staged, took))
+                    }
+                }
             });
             let extracting = scope.spawn(|| {
                 started_both.wait();
@@ -998,7 +1218,19 @@ impl Graph {
         let (mut graph, mut timings) = loaded?;
         let staged = staged?;
         graph.set_contract(contract);
-        let report = graph.bind_staged(staged)?;
+        let report = match (staged, &weights) {
+            (Staging::Files(staged), _) => graph.bind_staged(staged)?,
+            (Staging::Set(plan, literals, took), WeightsSource::Set(set)) => {
+                timings.push(("plan_weights", took));
+                if let Some(s) = &literals {
+                    timings.extend(s.timings.iter().filter(|(k, _)| *k != "plan_weights"));
+                }
+                graph.bind_to_set(set, plan, literals)?
+            }
+            (Staging::Set(..), WeightsSource::Files(_)) => {
+                unreachable!("staged as the source says")
+            }
+        };
         timings.extend(report.timings.iter().copied());
         timings.push(("load_total", started.elapsed().as_secs_f64()));
         graph.load_timings = timings;
@@ -1041,5 +1273,6 @@ impl Drop for Graph {
                 .unwrap_or_else(|p| p.into_inner())
                 .take(),
         );
+        drop(self.set.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 }

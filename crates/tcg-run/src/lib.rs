@@ -32,9 +32,13 @@ mod stdmap;
 pub mod torch;
 mod warm;
 pub mod weights;
+pub mod weights_set;
 
 pub use cuda::{Cuda, Device};
-pub use graph::{ConstantBuffer, ContainerConstant, Graph, Input};
+pub use graph::{
+    BindReport, ConstantBuffer, ContainerConstant, Graph, Input, LoadRequest, WeightsSource,
+};
 pub use inputs::{Dim, InputFact};
 pub use serve::Served;
 pub use torch::{Dtype, OwnedTensor, Torch};
+pub use weights_set::WeightsSet;

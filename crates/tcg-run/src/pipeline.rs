@@ -425,6 +425,305 @@ pub fn check_alias_values(checkpoint: &Checkpoint, duplicates: &[(String, String
     Ok(())
 }
 
+/// A staging plan: every tensor to read checked from the headers, laid out
+/// in one allocation, before a byte of data is read. Staging is its steps:
+/// a plan ([`Plan::for_graph`]: what one graph binds; [`Plan::every_tensor`]:
+/// a whole checkpoint, for a [`crate::weights_set::WeightsSet`]), then
+/// [`Plan::allocate`] (the capacity check, the device's capability), then
+/// [`Plan::read`] (alias values, the threaded reads and copies), then
+/// [`Plan::hand_over`] (the [`Staged`] result).
+pub struct Plan<'c> {
+    // None for a plan of the literal payload alone.
+    checkpoint: Option<&'c Checkpoint>,
+    // The literal payload, read after the checkpoint's files (its index is
+    // `checkpoint.sources().len()`).
+    literal: Option<Source>,
+    pieces: Vec<Piece>,
+    placed: BTreeMap<String, Placed>,
+    total: usize,
+    bytes: u64,
+    // Aliases both provided: their values are compared before the read.
+    duplicates: Vec<(String, String)>,
+    ignored: Vec<String>,
+    timings: Timings,
+}
+
+impl std::fmt::Debug for Plan<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("tensors", &self.placed.len())
+            .field("total", &self.total)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The allocation a plan reads into, and where the reads go.
+pub struct Allocated {
+    target: Target,
+    memory: Memory,
+}
+
+impl std::fmt::Debug for Allocated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Allocated({:?})", self.memory)
+    }
+}
+
+/// The literal payload at `literals` when `rows` has literal rows: it must
+/// hold exactly those.
+fn literal_payload(
+    rows: &[ConstantRow],
+    literals: Option<&Path>,
+) -> Result<Option<(Source, BTreeMap<String, Entry>)>> {
+    let literal_rows: BTreeSet<&str> = rows
+        .iter()
+        .filter(|r| r.source == ConstantSource::Literal)
+        .map(|r| r.fqn.as_str())
+        .collect();
+    if literal_rows.is_empty() {
+        return Ok(None);
+    }
+    let path = literals.ok_or_else(|| {
+        Error::new(
+            Code::RunLiteralPayload,
+            "the graph has literal constants but no literal payload was given",
+        )
+    })?;
+    let (source, entries) = Source::open(path, Code::RunLiteralPayload)?;
+    let names: BTreeSet<&str> = entries.keys().map(String::as_str).collect();
+    if names != literal_rows {
+        return Err(Error::new(
+            Code::RunLiteralPayload,
+            format!("literal payload holds {names:?}, the graph declares {literal_rows:?}"),
+        ));
+    }
+    Ok(Some((source, entries)))
+}
+
+/// `constant {fqn} is {dtype}{shape}, the graph was compiled for ...`: the
+/// refusal of a tensor whose header does not match its row.
+pub(crate) fn row_mismatch(row: &ConstantRow, name: &str, dtype: &str, shape: &[u64]) -> Error {
+    let shown = if name == row.fqn {
+        format!("{:?}", row.fqn)
+    } else {
+        format!("{:?} (bound from its alias {name:?})", row.fqn)
+    };
+    Error::new(
+        Code::RunConstantMismatch,
+        format!(
+            "constant {shown} is {dtype}{shape:?}, the graph was compiled for {}{:?}",
+            row.dtype, row.shape
+        ),
+    )
+}
+
+impl<'c> Plan<'c> {
+    /// Plan what one graph binds: every constant of `rows` checked against
+    /// the checkpoint by `contract` (and the literal rows against the literal
+    /// payload) from the headers alone.
+    pub fn for_graph(
+        rows: &[ConstantRow],
+        contract: &WeightsContract,
+        checkpoint: &'c Checkpoint,
+        literals: Option<&Path>,
+    ) -> Result<Plan<'c>> {
+        let started = Instant::now();
+        let plan = contract.plan(checkpoint.names())?;
+        // Aliases: their dtypes and shapes now, from the headers; their values
+        // only after every other check and the capacity check (`read`).
+        check_alias_headers(checkpoint, &plan.duplicates)?;
+        let source_of: BTreeMap<&str, &str> = plan
+            .bind
+            .iter()
+            .map(|(row, name)| (row.as_str(), name.as_str()))
+            .collect();
+        let literal = literal_payload(rows, literals)?;
+        let literal_index = checkpoint.sources().len();
+        // Every constant checked from the headers before a byte of data is read.
+        let mut wanted: Vec<(&str, usize, &Entry)> = Vec::new();
+        for row in rows.iter().filter(|r| r.source != ConstantSource::Computed) {
+            let (name, source, entry) = match row.source {
+                ConstantSource::Literal => {
+                    let (_, entries) = literal.as_ref().expect("checked above");
+                    (row.fqn.as_str(), literal_index, &entries[&row.fqn])
+                }
+                _ => {
+                    let name = source_of.get(row.fqn.as_str()).copied().unwrap_or(&row.fqn);
+                    let (source, entry) = checkpoint.entry(name).ok_or_else(|| {
+                        Error::new(
+                            Code::RunConstantMissing,
+                            format!("the weights lack {name:?}"),
+                        )
+                    })?;
+                    (name, source, entry)
+                }
+            };
+            let shape: Vec<u64> = entry.shape.iter().map(|&d| d as u64).collect();
+            if entry.dtype != row.dtype || shape != row.shape {
+                return Err(row_mismatch(row, name, &entry.dtype, &shape));
+            }
+            wanted.push((row.fqn.as_str(), source, entry));
+        }
+        let laid = lay_out(wanted)?;
+        let mut out = Plan::from_layout(Some(checkpoint), laid);
+        out.literal = literal.map(|(s, _)| s);
+        out.duplicates = plan.duplicates;
+        out.ignored = plan.ignored;
+        out.timings
+            .push(("plan_weights", started.elapsed().as_secs_f64()));
+        Ok(out)
+    }
+
+    /// Plan reading every tensor of `checkpoint` (by its graph names, after
+    /// the naming's prefixes): what a weights set holds.
+    pub fn every_tensor(checkpoint: &'c Checkpoint) -> Result<Plan<'c>> {
+        let started = Instant::now();
+        let mut wanted: Vec<(&str, usize, &Entry)> = Vec::new();
+        for name in checkpoint.names() {
+            let (source, entry) = checkpoint.entry(name).expect("a name of the checkpoint");
+            wanted.push((name, source, entry));
+        }
+        let laid = lay_out(wanted)?;
+        let mut out = Plan::from_layout(Some(checkpoint), laid);
+        out.timings
+            .push(("plan_weights", started.elapsed().as_secs_f64()));
+        Ok(out)
+    }
+
+    /// Plan reading the literal rows of `rows` alone from the literal
+    /// payload at `literals` (checked to hold exactly those): what a graph
+    /// bound to a weights set owns itself. `None` when it has none.
+    pub fn literals_only(
+        rows: &[ConstantRow],
+        literals: Option<&Path>,
+    ) -> Result<Option<Plan<'c>>> {
+        let started = Instant::now();
+        let Some((source, entries)) = literal_payload(rows, literals)? else {
+            return Ok(None);
+        };
+        let mut wanted: Vec<(&str, usize, &Entry)> = Vec::new();
+        for row in rows.iter().filter(|r| r.source == ConstantSource::Literal) {
+            let entry = &entries[&row.fqn];
+            let shape: Vec<u64> = entry.shape.iter().map(|&d| d as u64).collect();
+            if entry.dtype != row.dtype || shape != row.shape {
+                return Err(row_mismatch(row, &row.fqn, &entry.dtype, &shape));
+            }
+            wanted.push((row.fqn.as_str(), 0, entry));
+        }
+        let laid = lay_out(wanted)?;
+        let mut out = Plan::from_layout(None, laid);
+        out.literal = Some(source);
+        out.timings
+            .push(("plan_weights", started.elapsed().as_secs_f64()));
+        Ok(Some(out))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn from_layout(
+        checkpoint: Option<&'c Checkpoint>,
+        (pieces, offsets, total): (Vec<Piece>, Vec<(&str, usize, &Entry)>, usize),
+    ) -> Plan<'c> {
+        let bytes: u64 = pieces.iter().map(|p| p.len as u64).sum();
+        let placed: BTreeMap<String, Placed> = offsets
+            .into_iter()
+            .map(|(name, dst, entry)| {
+                (
+                    name.to_owned(),
+                    Placed {
+                        offset: dst,
+                        dtype: entry.dtype.clone(),
+                        shape: entry.shape.iter().map(|&d| d as i64).collect(),
+                    },
+                )
+            })
+            .collect();
+        Plan {
+            checkpoint,
+            literal: None,
+            pieces,
+            placed,
+            total,
+            bytes,
+            duplicates: Vec::new(),
+            ignored: Vec::new(),
+            timings: Vec::new(),
+        }
+    }
+
+    /// Where each tensor goes, by name.
+    pub fn placed(&self) -> &BTreeMap<String, Placed> {
+        &self.placed
+    }
+
+    /// The allocation's size in bytes.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Allocate the plan's memory on `device` (`allocate_weights`; on a GPU
+    /// `cuda_context` first): a CUDA device of another capability than `sm`
+    /// (`sm_NN`; anything else checks none) and weights larger than the
+    /// device's free memory are refused before anything is read.
+    pub fn allocate(&mut self, device: Device, sm: &str) -> Result<Allocated> {
+        let target = target_of(device, &mut self.timings)?;
+        if let (Target::Device(context), Some(want)) =
+            (target, tcg_core::artifact::package::cubin::sm_number(sm))
+        {
+            check_capability(device, sm, want, context.capability()?)?;
+        }
+        let t = Instant::now();
+        let total = self.total;
+        let memory = match target {
+            Target::Host => {
+                check_capacity(total as u64, host_available(), "the host")?;
+                Memory::Host(HostMemory::new(total)?)
+            }
+            Target::Device(context) => {
+                let (free, _) = context.memory()?;
+                check_capacity(total as u64, Some(free as u64), &device.to_string())?;
+                Memory::Device(DeviceMemory::new(context, total)?)
+            }
+        };
+        self.timings
+            .push(("allocate_weights", t.elapsed().as_secs_f64()));
+        Ok(Allocated { target, memory })
+    }
+
+    /// Compare the values of aliases both provided, then read every tensor
+    /// to its place (`read_weights`, `copy_weights`; on a GPU
+    /// `staging_ring`), then refuse a file that changed while it was read.
+    pub fn read(&mut self, into: &Allocated, readers: &Readers) -> Result<()> {
+        let mut sources: Vec<&Source> = Vec::new();
+        if let Some(checkpoint) = self.checkpoint {
+            check_alias_values(checkpoint, &self.duplicates)?;
+            sources.extend(checkpoint.sources());
+        }
+        if let Some(s) = &self.literal {
+            sources.push(s);
+        }
+        read_pieces(
+            into.target,
+            &sources,
+            &self.pieces,
+            into.memory.ptr(),
+            readers,
+            &mut self.timings,
+        )
+    }
+
+    /// The staged result: the allocation and where each tensor lies in it.
+    pub fn hand_over(self, into: Allocated) -> Staged {
+        Staged {
+            memory: into.memory,
+            placed: self.placed,
+            ignored: self.ignored,
+            outside_prefix: self.checkpoint.map_or(0, Checkpoint::skipped),
+            bytes: self.bytes,
+            timings: self.timings,
+        }
+    }
+}
+
 /// Check every constant of `rows` against the checkpoint (and the literal
 /// payload), then read them into one allocation on `device`. `sm` is the
 /// artifact's target (`cpu…` or `sm_NN`): a CUDA device of another
@@ -438,136 +737,27 @@ pub fn stage(
     sm: &str,
     readers: &Readers,
 ) -> Result<Staged> {
-    let started = Instant::now();
-    let mut timings: Timings = Vec::new();
-    let plan = contract.plan(checkpoint.names())?;
-    // Aliases: their dtypes and shapes now, from the headers; their values
-    // only after every other check and the capacity check (below).
-    check_alias_headers(checkpoint, &plan.duplicates)?;
-    let source_of: BTreeMap<&str, &str> = plan
-        .bind
-        .iter()
-        .map(|(row, name)| (row.as_str(), name.as_str()))
-        .collect();
-    let literal_rows: BTreeSet<&str> = rows
-        .iter()
-        .filter(|r| r.source == ConstantSource::Literal)
-        .map(|r| r.fqn.as_str())
-        .collect();
-    let literal = if literal_rows.is_empty() {
-        None
-    } else {
-        let path = literals.ok_or_else(|| {
-            Error::new(
-                Code::RunLiteralPayload,
-                "the graph has literal constants but no literal payload was given",
-            )
-        })?;
-        let (source, entries) = Source::open(path, Code::RunLiteralPayload)?;
-        let names: BTreeSet<&str> = entries.keys().map(String::as_str).collect();
-        if names != literal_rows {
-            return Err(Error::new(
-                Code::RunLiteralPayload,
-                format!("literal payload holds {names:?}, the graph declares {literal_rows:?}"),
-            ));
-        }
-        Some((source, entries))
-    };
-    let literal_index = checkpoint.sources().len();
-    let mut sources: Vec<&Source> = checkpoint.sources().iter().collect();
-    if let Some((s, _)) = &literal {
-        sources.push(s);
-    }
+    let mut plan = Plan::for_graph(rows, contract, checkpoint, literals)?;
+    let into = plan.allocate(device, sm)?;
+    plan.read(&into, readers)?;
+    Ok(plan.hand_over(into))
+}
 
-    // Every constant checked from the headers before a byte of data is read.
-    let mut wanted: Vec<(&str, usize, &Entry)> = Vec::new();
-    for row in rows.iter().filter(|r| r.source != ConstantSource::Computed) {
-        let (name, source, entry) = match row.source {
-            ConstantSource::Literal => {
-                let (_, entries) = literal.as_ref().expect("checked above");
-                (row.fqn.as_str(), literal_index, &entries[&row.fqn])
-            }
-            _ => {
-                let name = source_of.get(row.fqn.as_str()).copied().unwrap_or(&row.fqn);
-                let (source, entry) = checkpoint.entry(name).ok_or_else(|| {
-                    Error::new(
-                        Code::RunConstantMissing,
-                        format!("the weights lack {name:?}"),
-                    )
-                })?;
-                (name, source, entry)
-            }
-        };
-        let shape: Vec<u64> = entry.shape.iter().map(|&d| d as u64).collect();
-        if entry.dtype != row.dtype || shape != row.shape {
-            let shown = if name == row.fqn {
-                format!("{:?}", row.fqn)
-            } else {
-                format!("{:?} (bound from its alias {name:?})", row.fqn)
-            };
-            return Err(Error::new(
-                Code::RunConstantMismatch,
-                format!(
-                    "constant {shown} is {}{:?}, the graph was compiled for {}{:?}",
-                    entry.dtype, entry.shape, row.dtype, row.shape
-                ),
-            ));
-        }
-        wanted.push((row.fqn.as_str(), source, entry));
-    }
-    let (pieces, offsets, total) = lay_out(wanted)?;
-    let bytes: u64 = pieces.iter().map(|p| p.len as u64).sum();
-    let placed: BTreeMap<String, Placed> = offsets
-        .into_iter()
-        .map(|(fqn, dst, entry)| {
-            (
-                fqn.to_owned(),
-                Placed {
-                    offset: dst,
-                    dtype: entry.dtype.clone(),
-                    shape: entry.shape.iter().map(|&d| d as i64).collect(),
-                },
-            )
-        })
-        .collect();
-    timings.push(("plan_weights", started.elapsed().as_secs_f64()));
-
-    let target = target_of(device, &mut timings)?;
-    if let (Target::Device(context), Some(want)) =
-        (target, tcg_core::artifact::package::cubin::sm_number(sm))
-    {
-        check_capability(device, sm, want, context.capability()?)?;
-    }
-    let t = Instant::now();
-    let memory = match target {
-        Target::Host => {
-            check_capacity(total as u64, host_available(), "the host")?;
-            Memory::Host(HostMemory::new(total)?)
-        }
-        Target::Device(context) => {
-            let (free, _) = context.memory()?;
-            check_capacity(total as u64, Some(free as u64), &device.to_string())?;
-            Memory::Device(DeviceMemory::new(context, total)?)
-        }
+/// Read the literal rows of `rows` (from the literal payload at `literals`)
+/// into an allocation of their own on `device`: what a graph bound to a
+/// weights set holds itself. `None` when the graph has no literal rows.
+pub fn stage_literals(
+    rows: &[ConstantRow],
+    literals: Option<&Path>,
+    device: Device,
+    readers: &Readers,
+) -> Result<Option<Staged>> {
+    let Some(mut plan) = Plan::literals_only(rows, literals)? else {
+        return Ok(None);
     };
-    timings.push(("allocate_weights", t.elapsed().as_secs_f64()));
-    check_alias_values(checkpoint, &plan.duplicates)?;
-    read_pieces(
-        target,
-        &sources,
-        &pieces,
-        memory.ptr(),
-        readers,
-        &mut timings,
-    )?;
-    Ok(Staged {
-        memory,
-        placed,
-        ignored: plan.ignored,
-        outside_prefix: checkpoint.skipped(),
-        bytes,
-        timings,
-    })
+    let into = plan.allocate(device, "")?;
+    plan.read(&into, readers)?;
+    Ok(Some(plan.hand_over(into)))
 }
 
 /// Read the tensors `names` of `checkpoint` (graph names) into memory the

@@ -19,10 +19,11 @@ use tcg_core::engine::{Engine, Resolved};
 use tcg_core::{Code, Error, Result};
 
 use crate::cuda::Device;
-use crate::graph::{BindReport, Graph, Input};
+use crate::graph::{BindReport, Graph, Input, LoadRequest, WeightsSource};
 use crate::inputs::Dim;
 use crate::torch::{OwnedTensor, Torch};
 use crate::weights::{Checkpoint, Naming};
+use crate::weights_set::WeightsSet;
 
 /// One dimension the call ingress states.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,6 +221,37 @@ impl Served {
         weights: &[PathBuf],
         naming: &Naming,
     ) -> Result<Served> {
+        let checkpoint = Checkpoint::open(weights, naming)?;
+        Served::load_from(
+            resolved,
+            torch_lib,
+            device,
+            WeightsSource::Files(&checkpoint),
+        )
+    }
+
+    /// [`Served::load`] bound to a weights set (on the set's device, with the
+    /// set's libtorch): the graph's table checked against the set by the
+    /// artifact's weights contract and bound without a copy; only the
+    /// artifact's literals are read for this graph (docs/run.md, "Weights
+    /// once").
+    pub fn load_with_set(resolved: Resolved, set: &Arc<WeightsSet>) -> Result<Served> {
+        let torch_lib = set.torch().dir().to_owned();
+        let device = set.device().to_string();
+        Served::load_from(
+            resolved,
+            &torch_lib,
+            &device,
+            WeightsSource::Set(Arc::clone(set)),
+        )
+    }
+
+    fn load_from(
+        resolved: Resolved,
+        torch_lib: &Path,
+        device: &str,
+        weights: WeightsSource<'_>,
+    ) -> Result<Served> {
         let torch_check = check_torch(&resolved, torch_lib)?;
         let package = resolved
             .destination
@@ -230,20 +262,18 @@ impl Served {
             .destination
             .join(tcg_core::artifact::LITERALS_MEMBER);
         let has_literals = rows.iter().any(|r| r.source == ConstantSource::Literal);
-        let checkpoint = Checkpoint::open(weights, naming)?;
-        // Loaded and bound in one overlapped step (see `Graph::load_bound`).
-        let (graph, bind_report) = Graph::load_bound(
+        // Loaded and bound in one overlapped step (see `Graph::load_request`).
+        let (graph, bind_report) = Graph::load_request(LoadRequest {
             torch_lib,
-            &package,
-            resolved.metadata.name(),
+            package: &package,
+            entry: resolved.metadata.name(),
             device,
-            resolved.metadata.sm(),
+            sm: resolved.metadata.sm(),
             rows,
             contract,
-            &checkpoint,
-            has_literals.then_some(literals.as_path()),
-        )?;
-        drop(checkpoint);
+            weights,
+            literals: has_literals.then_some(literals.as_path()),
+        })?;
         let (facts, symbols, ranges) = match ingress(&resolved) {
             Some((facts, symbols)) => {
                 if facts.len() != graph.num_inputs() {
@@ -338,6 +368,21 @@ impl Served {
             &checkpoint,
             self.graph.has_literals().then_some(literals.as_path()),
         )?;
+        *self.bind_report.write().unwrap_or_else(|p| p.into_inner()) = report.clone();
+        Ok(report)
+    }
+
+    /// Bind the graph to a weights set instead (on the graph's device), with
+    /// the checks of loading; a refused rebind leaves the bound weights in
+    /// place.
+    pub fn rebind_set(&self, set: &Arc<WeightsSet>) -> Result<BindReport> {
+        let literals = self
+            .resolved
+            .destination
+            .join(tcg_core::artifact::LITERALS_MEMBER);
+        let report = self
+            .graph
+            .bind_set(set, self.graph.has_literals().then_some(literals.as_path()))?;
         *self.bind_report.write().unwrap_or_else(|p| p.into_inner()) = report.clone();
         Ok(report)
     }
