@@ -157,13 +157,6 @@ impl Graph {
                 )?)
             });
         }
-        let mut raw: Vec<TensorHandle> = described
-            .into_iter()
-            .map(|d| match d {
-                Described::Borrowed(t) => t.into_raw(),
-                Described::Copied(t) => t.into_handle(),
-            })
-            .collect();
         let mut outputs: Vec<TensorHandle> = vec![std::ptr::null_mut(); self.num_outputs];
         // The threaded run shares the lock (the container keeps a pool of
         // models); the single-threaded run guards nothing, so it runs alone.
@@ -172,12 +165,30 @@ impl Graph {
             (true, Some(f)) => f,
             _ => self.api.run,
         };
-        let _shared = (!single).then(|| self.lock.read().unwrap_or_else(|p| p.into_inner()));
-        let _exclusive = single.then(|| self.lock.write().unwrap_or_else(|p| p.into_inner()));
-        // A weights set's shared lock while the work is queued: an update of
-        // the set's values (its exclusive lock) waits for it.
         let set = self.weights_set();
-        let _set_shared = set.as_deref().map(crate::weights_set::WeightsSet::shared);
+        let (_shared, _exclusive, _set_shared) = loop {
+            let shared = (!single).then(|| self.lock.read().unwrap_or_else(|p| p.into_inner()));
+            let exclusive = single.then(|| self.lock.write().unwrap_or_else(|p| p.into_inner()));
+            // A weights set's shared lock while the work is queued: an update
+            // of the set's values (its exclusive lock) waits for it.
+            let set_shared = set.as_deref().map(crate::weights_set::WeightsSet::shared);
+            match set.as_deref() {
+                // The set's values changed since the container folded its
+                // constants from them (a LoRA): fold again, alone, then run.
+                Some(s) if self.folds_stale(s) => {
+                    drop((set_shared, exclusive, shared));
+                    self.refold(s, stream)?;
+                }
+                _ => break (shared, exclusive, set_shared),
+            }
+        };
+        let mut raw: Vec<TensorHandle> = described
+            .into_iter()
+            .map(|d| match d {
+                Described::Borrowed(t) => t.into_raw(),
+                Described::Copied(t) => t.into_handle(),
+            })
+            .collect();
         // SAFETY: `raw` holds `num_inputs` live handles, which Run steals (the
         // count was checked above, so the container's own count check cannot
         // fail before it takes them); `outputs` has room for `num_outputs`
