@@ -287,6 +287,12 @@ impl WeightsSet {
             .map(|e| (self.memory.ptr() + e.offset, e.dtype, e.shape.as_slice()))
     }
 
+    /// [`WeightsSet::entry`], for callers outside the crate (tests, a
+    /// caller that updates values in place under [`WeightsSet::exclusive`]).
+    pub fn tensor(&self, name: &str) -> Option<(usize, Dtype, &[i64])> {
+        self.entry(name)
+    }
+
     /// The shared guard: calls of graphs bound to the set hold it while they
     /// queue their work.
     pub fn shared(&self) -> RwLockReadGuard<'_, ()> {
