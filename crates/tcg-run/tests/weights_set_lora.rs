@@ -160,7 +160,7 @@ fn a_lora_on_a_set_reaches_every_graph_and_its_folds_and_is_removed_bit_for_bit(
             .unwrap()
     };
     let weights = fixture("mlp-cpu.weights.safetensors");
-    let checkpoint = Checkpoint::open(&[weights.clone()], &Naming::default()).unwrap();
+    let checkpoint = Checkpoint::open(std::slice::from_ref(&weights), &Naming::default()).unwrap();
     let set: Arc<WeightsSet> = WeightsSet::open(&torch_lib(), "cpu", &checkpoint).unwrap();
     let held = set.nbytes();
     let a = Served::load_with_set(resolved("a"), &set).unwrap();
