@@ -308,6 +308,18 @@ def run_native(name: str, work: Path, device: str) -> dict[str, Any]:
         got = _native_numpy(first_output(out, meta["output"]))
         diffs[label] = float(np.abs(got - eager).max())
         ignored[label] = list(native.ignored_constants)
+    # One native weights set per checkpoint form, bound by two graphs (issue 33):
+    # aliases and dropped names served from the set through the graph's contract.
+    from torch_compiled_graphs import NativeWeightsSet
+
+    for label, path in meta["checkpoints"].items():
+        weights = NativeWeightsSet([path, *meta["extra"]], device=device, add_prefix=meta["add_prefix"])
+        first, native = stored.load_native(weights), stored.load_native(weights)
+        del first, weights  # the second graph holds the set
+        out = native(*args, **kwargs)
+        got = _native_numpy(first_output(out, meta["output"]))
+        diffs[f"set-{label}"] = float(np.abs(got - eager).max())
+        ignored[f"set-{label}"] = list(native.ignored_constants)
     return {
         "stage": "native",
         "model": name,

@@ -438,3 +438,113 @@ def test_the_cuda_backend_allocates_nothing_until_its_first_capture() -> None:
 
     backend = CudaGraphBackend(torch.device("cuda", 0))
     assert backend._stream is None
+
+
+# -- load_native: CUDA graphs through tcg_run::capture ---------------------------------
+# The capture itself needs a GPU (tests/test_cuda_graphs.py); what does not is here:
+# the options, their refusals, a CPU graph, and the allocator choice made before libtorch
+# opens, each in a fresh process where it matters.
+
+
+def test_load_native_cpu_graph_never_captures(graph: StoredCompiledGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_CUDA_GRAPHS, "1")
+    native = graph.load_native(REFERENCE / "mlp-cpu.weights.safetensors")
+    for _ in range(4):
+        native(x_of(4).numpy())
+    assert not native.cuda_graphs and native.cuda_graphs_reason == "a cpu graph has no CUDA graphs"
+    assert native.stats == {
+        "captures": 0,
+        "replays": 0,
+        "evictions": 0,
+        "invalidated": 0,
+        "fallbacks": 0,
+        "capture_seconds": 0.0,
+        "uncaptured_runs": 0,
+        "captured": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("options", "env"),
+    [
+        ({"cuda_graphs": "yes"}, {}),
+        ({"cuda_graphs": 1}, {}),
+        ({"max_captures": -1}, {}),
+        ({"max_captures": True}, {}),
+        ({}, {ENV_CUDA_GRAPHS: "maybe"}),
+        ({}, {ENV_MAX_CAPTURES: "eight"}),
+    ],
+)
+def test_load_native_refuses_invalid_options(
+    graph: StoredCompiledGraph, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], env: dict[str, str]
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    refused_binding("run.option_invalid", graph.load_native, REFERENCE / "mlp-cpu.weights.safetensors", **options)
+
+
+def test_load_native_options_win_over_the_environment(
+    graph: StoredCompiledGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch_compiled_graphs.native import _capture_options
+
+    monkeypatch.setenv(ENV_CUDA_GRAPHS, "0")
+    monkeypatch.setenv(ENV_MAX_CAPTURES, "3")
+    assert _capture_options(None, None) == (False, 3, f"{ENV_CUDA_GRAPHS} is off")
+    assert _capture_options(True, 5) == (True, 5, None)
+    assert _capture_options(False, None) == (False, 3, "cuda_graphs=False")
+    monkeypatch.delenv(ENV_CUDA_GRAPHS)
+    assert _capture_options(None, 0) == (False, 0, "max_captures is 0")
+    assert _capture_options(None, None) == (True, 3, None)
+
+
+ALLOCATOR_CHILD = """
+import ctypes, json, sys
+if sys.argv[1] == "torch-first":
+    import torch  # loads libtorch's CUDA allocator with its default configuration
+from torch_compiled_graphs import _native
+got = _native.prepare_capture_allocator(sys.argv[2] == "on", 8)
+# The process's environment as libtorch reads it (C getenv, not Python's snapshot).
+libc = ctypes.CDLL(None)
+libc.getenv.restype = ctypes.c_char_p
+value = libc.getenv(b"PYTORCH_CUDA_ALLOC_CONF")
+print(json.dumps({"got": got, "env": value.decode() if value is not None else None}))
+"""
+
+
+def _allocator_child(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    child_env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    child_env.update(env or {})
+    out = subprocess.run(
+        [sys.executable, "-c", ALLOCATOR_CHILD, *args], capture_output=True, text=True, env=child_env, check=True
+    )
+    got: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return got
+
+
+def test_captures_choose_the_stream_ordered_allocator_before_libtorch_loads() -> None:
+    # Nothing chose an allocator and libtorch's CUDA library is not loaded: chosen.
+    assert _allocator_child("fresh", "on") == {"got": [True, None], "env": "backend:cudaMallocAsync"}
+    # Captures off: the process keeps libtorch's default.
+    off = _allocator_child("fresh", "off")
+    assert off["got"][0] is False and off["env"] is None
+
+
+def test_an_allocator_someone_chose_is_kept() -> None:
+    mine = _allocator_child("fresh", "on", env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert mine["got"][0] is False and "without a backend" in mine["got"][1]
+    assert mine["env"] == "expandable_segments:True"
+    generic = _allocator_child("fresh", "on", env={"PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync"})
+    assert generic["got"] == [True, None] and generic["env"] is None
+
+
+def test_libtorch_loaded_first_keeps_its_allocator() -> None:
+    # torch imported first loaded libtorch's CUDA allocator with the default: too late
+    # to choose, and captures on the native path report why instead.
+    late = _allocator_child("torch-first", "on")
+    assert late["got"][0] is False and late["env"] is None

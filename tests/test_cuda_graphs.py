@@ -29,6 +29,10 @@ pytestmark = [
 ]
 
 
+# The store each minted key lives in (for the torch-free child processes).
+_STORES: dict[str, Path] = {}
+
+
 def weights_of(seed: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
     return {k: v.detach().clone() for k, v in Net().cuda().eval().state_dict().items()}
@@ -48,6 +52,7 @@ def minted(tmp_path_factory: pytest.TempPathFactory) -> Any:
     result = Engine(root / "store").ensure(
         key, root / "graph", target=device_sm(), toolchain=toolchain, recipe=lambda: spec
     )
+    _STORES[result.compiled_graph.key] = root / "store"
     return result.compiled_graph
 
 
@@ -259,3 +264,105 @@ def test_the_environment_turns_capture_off_on_a_gpu(minted: Any, monkeypatch: py
     loaded = minted.load(weights_of(1))
     captured(loaded, x_of(2))
     assert not loaded.cuda_graphs and loaded.stats["captures"] == 0
+
+
+# -- load_native: captures through tcg_run::capture, in a process without torch --------
+# The pytest process has torch (and its CUDA allocator) loaded already, so the native
+# path is exercised where it is used: a fresh process that never imports torch before
+# load_native, so that the stream-ordered allocator captures need is chosen for it.
+
+NATIVE_CHILD = r"""
+import json, sys, threading
+import numpy as np
+from torch_compiled_graphs import Engine
+
+store, key, dest, w1, w2 = sys.argv[1:6]
+g = Engine(store).resolve(key, dest)
+on = g.load_native(w1, device="cuda:0")
+off = g.load_native(w1, device="cuda:0", cuda_graphs=False)
+out = {"on": on.cuda_graphs, "reason": on.cuda_graphs_reason, "off_reason": off.cuda_graphs_reason}
+WARM = 2
+
+def x_of(batch, seed=0):
+    return np.random.default_rng(seed * 1000 + batch).standard_normal((batch, 64), dtype=np.float32)
+
+def host(t):
+    return np.asarray(t.cpu())
+
+def same(a, b):
+    return bool(np.array_equal(host(a), host(b)))
+
+# 1. dynamic batches: every call equal to the uncaptured graph's, bit for bit.
+out["batches_equal"] = all(same(on(x_of(b, i)), off(x_of(b, i))) for b in range(1, 9) for i in range(WARM + 3))
+out["stats_batches"] = on.stats
+out["capture_s"] = on.timings.get("capture")
+# 2. device inputs (DLPack of our own outputs) after capture, fed back in.
+y_on, y_off = on(x_of(3)), off(x_of(3))
+out["device_inputs_equal"] = all(same(on(y_on), off(y_off)) for _ in range(WARM + 2))
+# 3. a call's outputs survive the next call.
+a = on(x_of(4, 7))
+b = on(x_of(4, 8))
+out["outputs_survive"] = same(a, off(x_of(4, 7))) and same(b, off(x_of(4, 8)))
+# 4. rebind: captures dropped, replays read the new weights.
+before = on.stats["captured"]
+on.rebind(w2)
+off.rebind(w2)
+out["rebind_equal"] = all(same(on(x_of(5, i)), off(x_of(5, i))) for i in range(WARM + 3))
+out["invalidated"] = on.stats["invalidated"] - 0
+out["captured_before_rebind"] = before
+# 5. two threads, interleaved shape sets.
+inputs = {(t, i): x_of(1 + (t + i) % 3, 10 * t + i) for t in range(2) for i in range(30)}
+expected = {k: host(off(x)) for k, x in inputs.items()}
+wrong = []
+start = threading.Barrier(2)
+def worker(t):
+    start.wait()
+    for i in range(30):
+        if not np.array_equal(host(on(inputs[(t, i)])), expected[(t, i)]):
+            wrong.append((t, i))
+threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
+for th in threads: th.start()
+for th in threads: th.join()
+out["threads_wrong"] = wrong
+# 6. eviction under a bound of 2.
+small = g.load_native(w2, device="cuda:0", max_captures=2)
+out["evict_equal"] = all(same(small(x_of(b, i)), off(x_of(b, i))) for i in range(6) for b in (1, 2, 3))
+out["stats_evict"] = small.stats
+# 7. torch imported afterwards shares the allocator the native path chose.
+import torch
+out["torch_backend"] = torch.cuda.get_allocator_backend()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.real_aoti
+def test_load_native_replays_captures_equal_to_uncaptured_runs(minted: Any, tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    w1, w2 = tmp_path / "w1.safetensors", tmp_path / "w2.safetensors"
+    save_file(weights_of(1), str(w1))
+    save_file(weights_of(2), str(w2))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    env.pop(ENV_CUDA_GRAPHS, None)
+    argv = [sys.executable, "-c", NATIVE_CHILD, str(_STORES[minted.key]), minted.key, str(tmp_path / "g")]
+    proc = subprocess.run([*argv, str(w1), str(w2)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["on"] is True and got["reason"] is None, got
+    assert got["off_reason"] == "cuda_graphs=False"
+    assert got["batches_equal"] is True
+    stats = got["stats_batches"]
+    assert stats["captures"] == 8 and stats["replays"] == 8 * 3 and stats["uncaptured_runs"] == 8 * WARMUP_RUNS
+    assert stats["fallbacks"] == 0 and stats["captured"] == 8
+    assert 0 < got["capture_s"] < 2.0
+    assert got["device_inputs_equal"] is True and got["outputs_survive"] is True
+    assert got["rebind_equal"] is True and got["invalidated"] == got["captured_before_rebind"] > 0
+    assert got["threads_wrong"] == []
+    assert got["evict_equal"] is True and got["stats_evict"]["evictions"] > 0
+    assert got["stats_evict"]["captured"] == 2
+    assert got["torch_backend"] == "cudaMallocAsync"

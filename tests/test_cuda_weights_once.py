@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, WeightsSet, record_toolchain
+from torch_compiled_graphs.errors import BindingError
 
 diffusers = pytest.importorskip("diffusers")
 pytest.importorskip("peft")
@@ -145,6 +146,51 @@ def test_several_graphs_on_one_set_hold_the_weights_once(minted: dict[str, Any],
     for graph in graphs:
         with torch.no_grad():
             torch.testing.assert_close(graph(minted["x"], minted["t"]).sample, minted["y"], rtol=1e-2, atol=1e-2)
+
+
+def test_native_graphs_on_one_native_set_hold_the_weights_once(minted: dict[str, Any], tmp_path: Path) -> None:
+    """``NativeWeightsSet`` on the GPU: read once through the pinned ring, bound by
+    several native graphs without a copy; the set released first."""
+    from safetensors.torch import save_file
+
+    from torch_compiled_graphs import NativeWeightsSet
+
+    unet = wide_unet()
+    path = tmp_path / "unet.safetensors"
+    save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, str(path))
+    size = weights_bytes(unet)
+    del unet
+
+    def close(graph: Any) -> None:
+        out = graph(minted["x"], minted["t"])
+        got = torch.from_dlpack(out.sample if hasattr(out, "sample") else out[0])
+        torch.testing.assert_close(got, minted["y"], rtol=1e-2, atol=1e-2)
+
+    # What the process pays once (the runtime, the kernels' local memory), before measuring.
+    first = minted["graph"].load_native(path, device="cuda:0")
+    close(first)
+    del first
+    before = device_used()
+    weights = NativeWeightsSet(path, device="cuda:0")
+    one_set = device_used() - before
+    assert weights.device == "cuda:0" and weights.nbytes == size
+    assert size <= one_set <= size * 1.05 + (8 << 20), (one_set, size)
+    assert {"cuda_context", "staging_ring", "copy_weights"} <= set(weights.timings)
+    graphs = [minted["graph"].load_native(weights) for _ in range(3)]
+    for graph in graphs:
+        close(graph)
+        assert graph.device == "cuda:0" and graph.added_nbytes == 0
+    three = device_used() - before
+    # The weights once, plus each graph's folds and kernels; a copy per graph would
+    # add 3 x size.
+    assert three <= one_set + 3 * (folded_bytes(minted["graph"]) + 0.10 * size), (three, one_set, size)
+    # A set on the CPU for a graph on the GPU.
+    with pytest.raises(BindingError) as refused:
+        minted["graph"].load_native(NativeWeightsSet(path), device="cuda:0")
+    assert refused.value.code == "run.device_mismatch"
+    del weights
+    for graph in graphs:
+        close(graph)
 
 
 def _peft_lora(unet: Any, seed: int, rank: int, alpha: int) -> tuple[dict[str, Any], Any]:

@@ -128,8 +128,14 @@ ORIGINAL_ROOT = {
 }
 
 
-def test_root_exports_are_the_original_list_plus_local_cas_record_toolchain_trust_error_and_weights_set() -> None:
-    assert set(tcg.__all__) == ORIGINAL_ROOT | {"LocalCAS", "record_toolchain", "TrustError", "WeightsSet"}
+def test_root_exports_are_the_original_list_plus_local_cas_record_toolchain_trust_error_and_weights_sets() -> None:
+    assert set(tcg.__all__) == ORIGINAL_ROOT | {
+        "LocalCAS",
+        "record_toolchain",
+        "TrustError",
+        "WeightsSet",
+        "NativeWeightsSet",
+    }
     for name in tcg.__all__:
         assert getattr(tcg, name) is not None
     assert tcg.COMPILED_GRAPH_FORMAT == 1
@@ -138,7 +144,7 @@ def test_root_exports_are_the_original_list_plus_local_cas_record_toolchain_trus
 def test_the_torch_facing_names_load_lazily_without_importing_torch() -> None:
     code = (
         "import sys, torch_compiled_graphs as t;"
-        "t.GraphClassSpec, t.RuntimeCompatibility, t.record_toolchain, t.WeightsSet;"
+        "t.GraphClassSpec, t.RuntimeCompatibility, t.record_toolchain, t.WeightsSet, t.NativeWeightsSet;"
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -71,7 +71,11 @@ def test_a_real_model_mints_loads_and_runs_on_every_path(name: str, tmp_path: Pa
     assert native["ok"], native
     assert native["torch_imported"] is False
     ways = {w for w in loaded["max_abs_diff"] if not w.startswith("set-")}
-    assert set(native["max_abs_diff"]) == ways - {"module"}
+    files = ways - {"module"}
+    # Each checkpoint form natively from its files and from one NativeWeightsSet.
+    assert set(native["max_abs_diff"]) == files | {f"set-{w}" for w in files}
+    for w in files:
+        assert set(native["ignored"][f"set-{w}"]) == set(native["ignored"][w])
     # A weights set per checkpoint form serves two graphs, with the same names ignored.
     assert {w for w in loaded["max_abs_diff"] if w.startswith("set-")} == {f"set-{w}" for w in ways}
     assert set(loaded["ignored"]["set-module"]) == set(loaded["ignored"]["module"])

@@ -37,6 +37,7 @@ _LAZY = {
     "RuntimeCompatibility": "runtime",
     "record_toolchain": "toolchain",
     "WeightsSet": "weights_set",
+    "NativeWeightsSet": "native",
 }
 
 TYPE_CHECKING = False
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
         TrustError,
     )
     from .identity import COMPILED_GRAPH_FORMAT, CompiledGraphKey, GraphClassDeclaration, is_compiled_graph_key
+    from .native import NativeWeightsSet
     from .runtime import RuntimeCompatibility
     from .store import LocalCAS
     from .toolchain import record_toolchain
@@ -88,6 +90,7 @@ __all__ = [
     "GraphClassSpec",
     "IdentityError",
     "LocalCAS",
+    "NativeWeightsSet",
     "QuarantinedArtifact",
     "RuntimeCompatibility",
     "StorageError",

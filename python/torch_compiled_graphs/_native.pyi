@@ -27,6 +27,7 @@ __all__ = [
     "NativeModel",
     "NativeStore",
     "NativeTensor",
+    "NativeWeightsSet",
     "artifact_inspect",
     "artifact_pack",
     "artifact_read_metadata",
@@ -53,6 +54,7 @@ __all__ = [
     "package_own_cxx_runtime",
     "package_plan_binding",
     "package_weights_contract",
+    "prepare_capture_allocator",
     "render_explanation",
     "split_key",
     "synchronize",
@@ -203,6 +205,29 @@ def package_mint_record(package: str) -> dict[str, Any] | None: ...
 def package_native_calls(package: str) -> list[dict[str, Any]]: ...
 
 @final
+class NativeWeightsSet:
+    @staticmethod
+    def open(
+        torch_lib: str,
+        device: str,
+        weights: list[str],
+        strip_prefix: str | None = None,
+        add_prefix: str | None = None,
+    ) -> NativeWeightsSet: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def names(self) -> list[str]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def outside_prefix(self) -> int: ...
+    @property
+    def timings(self) -> list[tuple[str, float]]: ...
+    @property
+    def torch_lib(self) -> str: ...
+
+@final
 class NativeModel:
     def __new__(
         cls,
@@ -227,6 +252,23 @@ class NativeModel:
         strip_prefix: str | None = None,
         add_prefix: str | None = None,
     ) -> tuple[NativeModel, list[str], int, list[tuple[str, float]]]: ...
+    @staticmethod
+    def load_set(
+        torch_lib: str,
+        package: str,
+        entry: str,
+        device: str,
+        sm: str,
+        constants: list[tuple[str, str, str, list[int]]],
+        metadata: Mapping[str, Any],
+        set: NativeWeightsSet,
+        literals: str | None = None,
+    ) -> tuple[NativeModel, list[str], list[tuple[str, float]]]: ...
+    def bind_set(
+        self, set: NativeWeightsSet, literals: str | None = None
+    ) -> tuple[list[str], list[tuple[str, float]]]: ...
+    @property
+    def added_bytes(self) -> int: ...
     @property
     def load_timings(self) -> list[tuple[str, float]]: ...
     def bind(
@@ -243,6 +285,10 @@ class NativeModel:
     def single_threaded(self) -> bool: ...
     @single_threaded.setter
     def single_threaded(self, on: bool) -> None: ...
+    def set_captures(self, enabled: bool, max_captures: int) -> str | None: ...
+    @property
+    def captures_reason(self) -> str | None: ...
+    def capture_stats(self) -> dict[str, float]: ...
     def run(
         self, inputs: Sequence[DLPackInput | tuple[int, int, str, list[int]]], stream: int = 0
     ) -> list[NativeTensor]: ...
@@ -300,3 +346,4 @@ def upload(
     torch_lib: str, address: int, nbytes: int, dtype: str, shape: list[int], device: str, stream: int
 ) -> NativeTensor: ...
 def synchronize(torch_lib: str, stream: int) -> None: ...
+def prepare_capture_allocator(enabled: bool, max_captures: int) -> tuple[bool, str | None]: ...

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .declaration import GraphClassSpec
     from .explain import Explanation
     from .identity import GraphClassDeclaration
-    from .native import NativeGraph
+    from .native import NativeGraph, NativeWeightsSet
     from .runner import LoadedGraph
     from .store import LocalCAS
 
@@ -314,12 +314,14 @@ class StoredCompiledGraph(_Record):
 
     def load_native(
         self,
-        weights: StrPath | Sequence[StrPath],
+        weights: StrPath | Sequence[StrPath] | NativeWeightsSet,
         *,
         device: str | None = None,
         torch_lib: StrPath | None = None,
         strip_prefix: str = "",
         add_prefix: str = "",
+        cuda_graphs: bool | None = None,
+        max_captures: int | None = None,
     ) -> NativeGraph:
         """Load this graph without importing torch and bind ``weights`` from disk.
 
@@ -334,12 +336,24 @@ class StoredCompiledGraph(_Record):
         importing it). Every constant is checked by fqn (dtype, shape) before
         anything is bound (on a GPU: before anything is copied to it); calls
         take numpy-compatible or DLPack arrays and return DLPack-exportable
-        tensors. See docs/run.md.
+        tensors. On a GPU, calls are replayed as CUDA graphs per shape set
+        (``cuda_graphs``, ``max_captures`` and their environment variables as for
+        :meth:`load`; docs/run.md, "CUDA graphs"). ``weights`` may also be a
+        :class:`NativeWeightsSet` on the graph's device (``device`` defaults to the
+        set's; the prefixes were applied when the set was opened): the graph then binds
+        the set's memory without a copy. See docs/run.md.
         """
         from .native import NativeGraph
 
         return NativeGraph(
-            self, weights, device=device, torch_lib=torch_lib, strip_prefix=strip_prefix, add_prefix=add_prefix
+            self,
+            weights,
+            device=device,
+            torch_lib=torch_lib,
+            strip_prefix=strip_prefix,
+            add_prefix=add_prefix,
+            cuda_graphs=cuda_graphs,
+            max_captures=max_captures,
         )
 
     @property

@@ -50,7 +50,7 @@ def _log_timings(what: str, timings: Mapping[str, float]) -> None:
         LOGGER.debug("%s: %s", what, ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()))
 
 
-__all__ = ["GraphOutput", "NativeGraph", "find_torch_lib", "from_buffer", "to_numpy"]
+__all__ = ["GraphOutput", "NativeGraph", "NativeWeightsSet", "find_torch_lib", "from_buffer", "to_numpy"]
 
 # numpy type strings (and buffer-protocol formats) of the dtypes the path passes.
 _TYPESTR = {
@@ -407,12 +407,24 @@ def _weight_paths(weights: object) -> list[str]:
     return out
 
 
-class NativeGraph:
-    """A resolved graph loaded without torch: call it like the original module, with arrays."""
+class NativeWeightsSet:
+    """Every tensor of a checkpoint read once onto a device, without torch, for several
+    native graphs to bind without a copy (docs/run.md, "Weights once").
+
+    ``weights`` takes the forms :meth:`StoredCompiledGraph.load_native` takes (a
+    ``.safetensors`` file, a sharded checkpoint's index, a directory holding either, or a
+    list of those); names are mapped by ``strip_prefix`` (tensors outside it are skipped)
+    and ``add_prefix``. ``device`` is ``"cpu"`` (the default) or ``"cuda:N"``. The set
+    is read through the native weights pipeline into one allocation: threaded reads, on
+    a GPU a pinned ring and a copy stream, and the checks of a native load (headers,
+    capacity, regular files). Pass it to :meth:`StoredCompiledGraph.load_native` or
+    :meth:`NativeGraph.rebind`: each graph checks the names its table needs by its own
+    weights contract and binds handles over the set's memory. Graphs keep the set alive,
+    so the set and its graphs may be released in any order.
+    """
 
     def __init__(
         self,
-        stored: StoredCompiledGraph,
         weights: StrPath | Sequence[StrPath],
         *,
         device: str | None = None,
@@ -420,17 +432,135 @@ class NativeGraph:
         strip_prefix: str = "",
         add_prefix: str = "",
     ) -> None:
+        if device is None:
+            device = "cpu"
+        if not isinstance(device, str):
+            raise BindingError(f"device must be a string such as 'cuda:0', got {device!r}", "run.device_mismatch")
+        lib = find_torch_lib(torch_lib)
+        if device.startswith("cuda"):
+            # The set opens libtorch: the allocator the graphs' CUDA-graph captures
+            # need (by the environment's capture settings) is chosen first.
+            wanted, count, _ = _capture_options(None, None)
+            _prepare_cuda(wanted, count)
+        self._set = _native.NativeWeightsSet.open(
+            lib, device, _weight_paths(weights), *_naming(strip_prefix, add_prefix)
+        )
+        self._lib = lib
+        _log_timings("NativeWeightsSet", self.timings)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data the set holds (on its device)."""
+        return int(self._set.nbytes)
+
+    @property
+    def names(self) -> list[str]:
+        """Every tensor's name (after the prefixes), sorted."""
+        return list(self._set.names)
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` or ``"cuda:N"``: where the tensors live."""
+        return str(self._set.device)
+
+    @property
+    def outside_prefix(self) -> int:
+        """Tensors of the checkpoint skipped for lying outside ``strip_prefix``."""
+        return int(self._set.outside_prefix)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """How long reading the set took, phase by phase, in seconds (``open_libraries``,
+        ``plan_weights``, ``allocate_weights``, ``read_weights``, ``copy_weights``, on a
+        GPU ``cuda_context`` and ``staging_ring``, then ``set_total``)."""
+        return dict(self._set.timings)
+
+    def __repr__(self) -> str:
+        return f"NativeWeightsSet({len(self._set.names)} tensors, {self.nbytes} bytes, device={self.device!r})"
+
+
+#: The variables libtorch's CUDA allocator reads its configuration from, in its order.
+_ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def _capture_options(cuda_graphs: object, max_captures: object) -> tuple[bool, int, str | None]:
+    """``(wanted, max_captures, reason_off)`` from the arguments, else the environment
+    (the variables and rules of ``load()``, :mod:`torch_compiled_graphs.capture`)."""
+    from .capture import ENV_CUDA_GRAPHS, ENV_MAX_CAPTURES, MAX_CAPTURES, _count, _flag
+
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise BindingError(f"cuda_graphs must be True or False, got {cuda_graphs!r}", "run.option_invalid")
+    if max_captures is None:
+        env_max = os.environ.get(ENV_MAX_CAPTURES, "").strip()
+        count = _count(env_max, ENV_MAX_CAPTURES) if env_max else MAX_CAPTURES
+    else:
+        count = _count(max_captures, "max_captures")
+    if cuda_graphs is None:
+        if _flag(os.environ.get(ENV_CUDA_GRAPHS, ""), ENV_CUDA_GRAPHS) is False:
+            return False, count, f"{ENV_CUDA_GRAPHS} is off"
+    elif not cuda_graphs:
+        return False, count, "cuda_graphs=False"
+    if count == 0:
+        return False, count, "max_captures is 0"
+    return True, count, None
+
+
+def _prepare_cuda(captures_wanted: bool, captures_max: int) -> None:
+    """What a process does before libtorch opens for a CUDA graph (or a CUDA
+    ``NativeWeightsSet``, which opens libtorch first): lazy module loading and, when
+    captures are wanted, libtorch's stream-ordered allocator where nothing else chose
+    one (docs/run.md, "CUDA graphs")."""
+    _lazy_module_loading()
+    if captures_wanted:
+        stream_ordered, _ = _native.prepare_capture_allocator(True, captures_max)
+        if stream_ordered and not any(v in os.environ for v in _ALLOC_CONF):
+            os.environ[_ALLOC_CONF[0]] = "backend:cudaMallocAsync"  # what libtorch now reads
+
+
+class NativeGraph:
+    """A resolved graph loaded without torch: call it like the original module, with arrays."""
+
+    def __init__(
+        self,
+        stored: StoredCompiledGraph,
+        weights: StrPath | Sequence[StrPath] | NativeWeightsSet,
+        *,
+        device: str | None = None,
+        torch_lib: StrPath | None = None,
+        strip_prefix: str = "",
+        add_prefix: str = "",
+        cuda_graphs: bool | None = None,
+        max_captures: int | None = None,
+    ) -> None:
         self._stored = stored
         self._naming = _naming(strip_prefix, add_prefix)
+        captures_wanted, captures_max, captures_off = _capture_options(cuda_graphs, max_captures)
         #: Names the weights provided that the graph does not bind: declared
         #: constants the compiler dropped (unused by the compiled code).
         self.ignored_constants: list[str] = []
         #: Tensors of the weights skipped for lying outside ``strip_prefix``.
         self.outside_prefix = 0
+        shared = weights if isinstance(weights, NativeWeightsSet) else None
         if device is None:
-            device = "cpu" if stored.sm.startswith("cpu") else "cuda:0"
+            if shared is not None:
+                device = shared.device
+            else:
+                device = "cpu" if stored.sm.startswith("cpu") else "cuda:0"
         if not isinstance(device, str):
             raise BindingError(f"device must be a string such as 'cuda:0', got {device!r}", "run.device_mismatch")
+        if shared is not None:
+            if self._naming != ("", ""):
+                raise BindingError(
+                    "a NativeWeightsSet maps its names when it is opened: pass strip_prefix and add_prefix there",
+                    "run.weights_invalid",
+                )
+            if shared.device != device:
+                raise BindingError(
+                    f"the weights set is on {shared.device}, the graph was asked to run on {device}",
+                    "run.device_mismatch",
+                )
+            if torch_lib is None:
+                torch_lib = shared._lib
         lib = find_torch_lib(torch_lib)
         self._lib = lib
         #: How the installed torch was matched to the artifact's: ``"record digest"``
@@ -440,22 +570,36 @@ class NativeGraph:
         literals = os.path.join(stored.path, "constants.safetensors")
         has_literals = any(r["source"] == "literal" for r in stored.constants)
         if device.startswith("cuda"):
-            _lazy_module_loading()
+            _prepare_cuda(captures_wanted, captures_max)
         started = time.perf_counter()
         # One overlapped step: the weights are read (and, on a GPU, copied to the
         # device) while libtorch is opened and the container created.
-        self._model, ignored, outside, timings = _native.NativeModel.load(
-            lib,
-            os.fspath(stored.package_path),
-            stored.graph_class,
-            device,
-            stored.sm,
-            rows,
-            stored.metadata,
-            _weight_paths(weights),
-            literals if has_literals else None,
-            *self._naming,
-        )
+        if shared is not None:
+            self._model, ignored, timings = _native.NativeModel.load_set(
+                lib,
+                os.fspath(stored.package_path),
+                stored.graph_class,
+                device,
+                stored.sm,
+                rows,
+                stored.metadata,
+                shared._set,
+                literals if has_literals else None,
+            )
+            outside = shared.outside_prefix
+        else:
+            self._model, ignored, outside, timings = _native.NativeModel.load(
+                lib,
+                os.fspath(stored.package_path),
+                stored.graph_class,
+                device,
+                stored.sm,
+                rows,
+                stored.metadata,
+                _weight_paths(weights),
+                literals if has_literals else None,
+                *self._naming,
+            )
         self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
         #: How long each phase of loading took, in seconds (docs/run.md lists
         #: them): ``open_libraries``, ``extract_package``, ``open_model``,
@@ -469,6 +613,7 @@ class NativeGraph:
         self.timings: dict[str, float] = dict(timings)
         self.timings["load_total"] = time.perf_counter() - started
         self._first_call_pending = True
+        self._capture_pending = device.startswith("cuda") and captures_wanted
         self._stream = 0
         in_text, out_text = self._model.call_spec
         self._in = _parse_spec(in_text, "input")
@@ -486,6 +631,15 @@ class NativeGraph:
                 "run.native_unsupported",
             )
         self._facts = self._input_facts()
+        if self.device == "cpu":
+            reason: str | None = "a cpu graph has no CUDA graphs"
+        elif not captures_wanted:
+            reason = captures_off
+        else:
+            reason = self._model.set_captures(True, captures_max)
+        self._captures_off = reason
+        if reason is not None:
+            LOGGER.debug("load_native %s: CUDA graphs off: %s", stored.key, reason)
         _log_timings(f"load_native {stored.key}", self.timings)
 
     def _input_facts(self) -> list[tuple[int | None, str, list[Any]]]:
@@ -518,6 +672,29 @@ class NativeGraph:
         return list(self._model.weight_fqns)
 
     @property
+    def cuda_graphs(self) -> bool:
+        """Whether calls are replayed as CUDA graphs (docs/run.md, "CUDA graphs")."""
+        return self.cuda_graphs_reason is None
+
+    @property
+    def cuda_graphs_reason(self) -> str | None:
+        """Why calls are not replayed as CUDA graphs (``None`` while they are): off by
+        option or environment, a CPU graph, libtorch's caching allocator in this
+        process, a runtime without what capture needs, or a capture that failed."""
+        if self._captures_off is not None:
+            return self._captures_off
+        return self._model.captures_reason
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """What CUDA-graph capture did: ``captures``, ``replays``, ``evictions``,
+        ``invalidated`` (dropped by a rebind), ``fallbacks``, ``uncaptured_runs``,
+        ``captured`` (now) and ``capture_seconds``."""
+        stats = dict(self._model.capture_stats())
+        stats.pop("last_capture_seconds", None)
+        return stats
+
+    @property
     def torch_lib(self) -> str:
         """The libtorch directory the graph runs with."""
         return str(self._model.torch_lib)
@@ -548,15 +725,33 @@ class NativeGraph:
         if self.device != "cpu":
             _native.synchronize(self._lib, self._stream)
 
-    def rebind(self, weights: StrPath | Sequence[StrPath]) -> None:
+    @property
+    def added_nbytes(self) -> int:
+        """Bytes of constants the last bind added for this graph alone: everything it
+        read when bound from files, only its literals when bound to a
+        :class:`NativeWeightsSet` (the constants the compiled code folds live in the
+        container's own buffers, whose size it does not report: not counted)."""
+        return int(self._model.added_bytes)
+
+    def rebind(self, weights: StrPath | Sequence[StrPath] | NativeWeightsSet) -> None:
         """Bind new weights (the forms :meth:`StoredCompiledGraph.load_native` takes, with
-        the prefixes given at load) with the same checks as loading."""
+        the prefixes given at load, or a :class:`NativeWeightsSet` on the graph's device)
+        with the same checks as loading; a refused rebind leaves the bound weights in place."""
         literals = os.path.join(self._stored.path, "constants.safetensors")
         has_literals = any(r["source"] == "literal" for r in self._stored.constants)
-        ignored, outside, timings = self._model.bind(
-            _weight_paths(weights), literals if has_literals else None, *self._naming
-        )
-        self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
+        if isinstance(weights, NativeWeightsSet):
+            if weights.device != self.device:
+                raise BindingError(
+                    f"the weights set is on {weights.device}, the graph runs on {self.device}",
+                    "run.device_mismatch",
+                )
+            ignored, timings = self._model.bind_set(weights._set, literals if has_literals else None)
+            self.ignored_constants, self.outside_prefix = list(ignored), weights.outside_prefix
+        else:
+            ignored, outside, timings = self._model.bind(
+                _weight_paths(weights), literals if has_literals else None, *self._naming
+            )
+            self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
         _log_timings(f"rebind {self._stored.key}", dict(timings))
 
     def _check(self, index: int, path: str, dtype: str, shape: list[int], bound: dict[str, int]) -> None:
@@ -627,6 +822,12 @@ class NativeGraph:
         started = time.perf_counter() if self._first_call_pending else 0.0
         outputs = self._model.run(inputs, self._stream)
         del keep, arrays
+        if self._capture_pending:
+            last = self._model.capture_stats().get("last_capture_seconds")
+            if last is not None:
+                self._capture_pending = False
+                self.timings["capture"] = float(last)
+                LOGGER.debug("captured %s in %.1f ms", self._stored.key, last * 1e3)
         if self._first_call_pending:
             # The first call folds the computed constants and loads the kernels.
             self._first_call_pending = False

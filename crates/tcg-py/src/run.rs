@@ -31,6 +31,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DLPackInput>()?;
     m.add_function(wrap_pyfunction!(upload, m)?)?;
     m.add_function(wrap_pyfunction!(synchronize, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare_capture_allocator, m)?)?;
     Ok(())
 }
 
@@ -83,6 +84,22 @@ fn upload(
 }
 
 /// Block until the work queued on `stream` of libtorch's CUDA runtime is done.
+/// Before a CUDA graph opens libtorch: select libtorch's stream-ordered
+/// allocator where captures want it and nothing else chose an allocator
+/// (`tcg_run::capture::prepare_allocator`). Returns whether the process's
+/// allocator is the stream-ordered one, and if not why.
+#[pyfunction]
+fn prepare_capture_allocator(enabled: bool, max_captures: usize) -> (bool, Option<String>) {
+    let options = tcg_run::capture::CaptureOptions {
+        enabled,
+        max_captures,
+    };
+    match tcg_run::capture::prepare_allocator(&options) {
+        tcg_run::capture::Allocator::StreamOrdered => (true, None),
+        tcg_run::capture::Allocator::Caching(why) => (false, Some(why)),
+    }
+}
+
 #[pyfunction]
 fn synchronize(py: Python<'_>, torch_lib: PathBuf, stream: usize) -> PyResult<()> {
     py.detach(move || Torch::open(&torch_lib)?.cuda()?.synchronize(stream))
@@ -553,6 +570,43 @@ impl NativeModel {
     #[setter]
     fn set_single_threaded(&self, on: bool) -> PyResult<()> {
         self.inner.set_single_threaded(on).py()
+    }
+
+    /// Turn CUDA-graph replay of calls on or off (`tcg_run::capture`);
+    /// returns why calls are not captured, `None` while they are.
+    fn set_captures(&self, py: Python<'_>, enabled: bool, max_captures: usize) -> Option<String> {
+        let graph = Arc::clone(&self.inner);
+        let options = tcg_run::capture::CaptureOptions {
+            enabled,
+            max_captures,
+        };
+        py.detach(move || graph.set_captures(options))
+    }
+
+    /// Why calls are not captured (`None` while they are).
+    #[getter]
+    fn captures_reason(&self) -> Option<String> {
+        self.inner.captures_reason()
+    }
+
+    /// What the captures did: `captures`, `replays`, `evictions`,
+    /// `invalidated`, `fallbacks`, `uncaptured_runs`, `captured` (counts) and
+    /// `capture_seconds`, plus `last_capture_seconds` after a capture.
+    fn capture_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.capture_stats();
+        let d = PyDict::new(py);
+        d.set_item("captures", s.captures)?;
+        d.set_item("replays", s.replays)?;
+        d.set_item("evictions", s.evictions)?;
+        d.set_item("invalidated", s.invalidated)?;
+        d.set_item("fallbacks", s.fallbacks)?;
+        d.set_item("capture_seconds", s.capture_seconds)?;
+        d.set_item("uncaptured_runs", s.uncaptured_runs)?;
+        d.set_item("captured", s.captured)?;
+        if let Some(t) = s.last_capture_seconds {
+            d.set_item("last_capture_seconds", t)?;
+        }
+        Ok(d)
     }
 
     /// The number of tensor inputs.

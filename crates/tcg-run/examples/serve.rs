@@ -45,7 +45,7 @@ const MAX_REPEAT: usize = 1_000_000;
 const USAGE: &str = "usage: serve --store STORE --key KEY --dest DIR --torch-lib DIR \
 --weights PATH [--weights PATH ...] --io FILE --in NAME [--in NAME ...] [--out NAME ...] \
 [--device cpu|cuda:N] [--repeat N (0..=1000000)] [--rtol X] [--atol X] (finite, >= 0) \
-[--strip-prefix P] [--add-prefix P] [--verbose]";
+[--strip-prefix P] [--add-prefix P] [--cuda-graphs on|off] [--verbose]";
 
 #[derive(Default)]
 struct Args {
@@ -63,6 +63,7 @@ struct Args {
     rtol: f64,
     atol: f64,
     verbose: bool,
+    cuda_graphs: Option<bool>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -101,6 +102,13 @@ fn parse() -> Result<Args, String> {
             "--rtol" => a.rtol = tolerance("--rtol", &value()?)?,
             "--atol" => a.atol = tolerance("--atol", &value()?)?,
             "--verbose" => a.verbose = true,
+            "--cuda-graphs" => {
+                a.cuda_graphs = Some(match value()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    v => return Err(format!("--cuda-graphs {v:?}: on or off")),
+                })
+            }
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
     }
@@ -166,7 +174,23 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match serve(&args) {
+    // CUDA graphs as the environment says unless the flag does; the
+    // allocator they need is chosen while this process has one thread.
+    let captures = match tcg_run::capture::CaptureOptions::from_env() {
+        Ok(mut c) => {
+            c.enabled = args.cuda_graphs.unwrap_or(c.enabled);
+            c
+        }
+        Err(e) => {
+            eprintln!("error: {}", e.message());
+            eprintln!("code: {}", e.code().as_str());
+            return ExitCode::from(2);
+        }
+    };
+    if args.device.starts_with("cuda") {
+        tcg_run::capture::prepare_allocator(&captures);
+    }
+    match serve(&args, captures) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -197,7 +221,7 @@ fn read_io(
     Ok(named)
 }
 
-fn serve(args: &Args) -> tcg_core::Result<bool> {
+fn serve(args: &Args, captures: tcg_run::capture::CaptureOptions) -> tcg_core::Result<bool> {
     let named = read_io(&args.io)?;
     let pick = |name: &String| {
         named.get(name).ok_or_else(|| {
@@ -239,6 +263,9 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         &args.weights,
         &args.naming,
     )?;
+    if served.graph().device().is_cuda() {
+        served.graph().set_captures(captures);
+    }
     let outputs_n = served.graph().num_outputs();
     if args.outputs.len() > outputs_n {
         return Err(tcg_core::Error::new(
@@ -272,6 +299,7 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         .collect();
 
     let mut latencies = Vec::with_capacity(args.repeat);
+    let mut same_as_first: Option<bool> = None;
     if args.repeat > 0 {
         // Inputs placed on the graph's device once, as a server keeps them.
         let placed: Vec<OwnedTensor> = inputs
@@ -300,6 +328,7 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
             tcg_run::Device::Cuda(_) => Some(served.torch().cuda()?),
             tcg_run::Device::Cpu => None,
         };
+        let mut last = Vec::new();
         for _ in 0..args.repeat {
             let t = Instant::now();
             // SAFETY: `placed` owns every input's memory for the whole loop,
@@ -309,9 +338,16 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
                 cuda.synchronize(0)?;
             }
             latencies.push(t.elapsed().as_secs_f64());
-            drop(out);
+            last = out;
         }
         latencies.sort_by(f64::total_cmp);
+        // The last call (a replay where calls are captured) against the
+        // first (never captured): the same bytes.
+        let again: Vec<Vec<u8>> = last
+            .iter()
+            .map(OwnedTensor::to_host)
+            .collect::<tcg_core::Result<_>>()?;
+        same_as_first = Some(again == first);
     }
 
     let mut worst = 0f64;
@@ -350,8 +386,21 @@ fn serve(args: &Args) -> tcg_core::Result<bool> {
         })
         .collect();
     let median = latencies.get(latencies.len() / 2).copied();
+    let stats = served.graph().capture_stats();
+    let reason = served.graph().captures_reason();
+    let graphs = format!(
+        "{{\"on\":{},\"reason\":{},\"captures\":{},\"replays\":{},\"uncaptured_runs\":{},\"capture_s\":{},\"last_equals_first\":{}}}",
+        reason.is_none(),
+        serde_json::to_string(&reason).unwrap_or_else(|_| "null".into()),
+        stats.captures,
+        stats.replays,
+        stats.uncaptured_runs,
+        stats.capture_seconds,
+        same_as_first.map_or("null".into(), |b| b.to_string()),
+    );
+    ok &= same_as_first != Some(false);
     println!(
-        "{{\"device\":\"{}\",\"torch_check\":\"{}\",\"ttfi_s\":{ttfi:.6},\"call_median_s\":{},\"calls\":{},\"outputs\":[{}],\"checked\":{},\"max_abs_err\":{worst:e},\"ignored\":{},\"timings\":{{{}}},\"ok\":{ok}}}",
+        "{{\"device\":\"{}\",\"torch_check\":\"{}\",\"ttfi_s\":{ttfi:.6},\"call_median_s\":{},\"calls\":{},\"outputs\":[{}],\"checked\":{},\"max_abs_err\":{worst:e},\"ignored\":{},\"timings\":{{{}}},\"cuda_graphs\":{graphs},\"ok\":{ok}}}",
         served.graph().device(),
         served.torch_check(),
         median.map_or("null".into(), |m| format!("{m:.9}")),

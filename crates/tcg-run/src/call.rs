@@ -10,7 +10,7 @@ use tcg_core::{Code, Error, Result};
 use crate::cuda::Device;
 use crate::graph::{last_error, Graph, Input};
 use crate::inputs::InputFact;
-use crate::torch::{BorrowedTensor, OwnedTensor, TensorHandle};
+use crate::torch::{BorrowedTensor, Dtype, OwnedTensor, TensorHandle};
 
 /// One input as handed to the container: a handle over the caller's memory,
 /// or a device copy of a host buffer.
@@ -125,8 +125,42 @@ impl Graph {
             }
             dtypes.push(dtype);
         }
+        // A weights set's shared lock while the work is queued (a replay or a
+        // run): an update of the set's values (its exclusive lock) waits for it.
+        let set = self.weights_set();
+        let _set_shared = set.as_deref().map(crate::weights_set::WeightsSet::shared);
+        // The set's values changed since the container folded its constants
+        // from them (a LoRA): fold again before this call (the set's values
+        // cannot change again while its shared lock is held).
+        if let Some(set) = set.as_deref().filter(|s| self.folds_stale(s)) {
+            self.refold(set, stream)?;
+        }
+        // SAFETY: the caller's contract is this function's.
+        if let Some(outputs) = unsafe { self.run_captured(inputs, &dtypes, stream)? } {
+            return Ok(outputs);
+        }
+        // The threaded run shares the lock (the container keeps a pool of
+        // models); the single-threaded run guards nothing, so it runs alone.
+        let single = self.single_threaded();
+        let _shared = (!single).then(|| self.lock.read().unwrap_or_else(|p| p.into_inner()));
+        let _exclusive = single.then(|| self.lock.write().unwrap_or_else(|p| p.into_inner()));
+        // SAFETY: as above.
+        unsafe { self.run_container(inputs, &dtypes, stream) }
+    }
+
+    /// Describe checked `inputs` (of `dtypes`) to libtorch and run the
+    /// container on `stream`; the caller holds `lock` as the run needs it.
+    ///
+    /// # Safety
+    /// As [`Graph::run_on`]; the inputs were checked by it.
+    pub(crate) unsafe fn run_container(
+        &self,
+        inputs: &[Input],
+        dtypes: &[Dtype],
+        stream: usize,
+    ) -> Result<Vec<OwnedTensor>> {
         let mut described = Vec::with_capacity(inputs.len());
-        for (input, &dtype) in inputs.iter().zip(&dtypes) {
+        for (input, &dtype) in inputs.iter().zip(dtypes) {
             described.push(if input.device == self.device {
                 // SAFETY: the caller guarantees `data` addresses `nbytes`
                 // readable bytes on `input.device` for as long as the call's
@@ -157,38 +191,45 @@ impl Graph {
                 )?)
             });
         }
-        let mut outputs: Vec<TensorHandle> = vec![std::ptr::null_mut(); self.num_outputs];
-        // The threaded run shares the lock (the container keeps a pool of
-        // models); the single-threaded run guards nothing, so it runs alone.
-        let single = self.single_threaded();
-        let run = match (single, self.api.run_single_threaded) {
-            (true, Some(f)) => f,
-            _ => self.api.run,
-        };
-        let set = self.weights_set();
-        let (_shared, _exclusive, _set_shared) = loop {
-            let shared = (!single).then(|| self.lock.read().unwrap_or_else(|p| p.into_inner()));
-            let exclusive = single.then(|| self.lock.write().unwrap_or_else(|p| p.into_inner()));
-            // A weights set's shared lock while the work is queued: an update
-            // of the set's values (its exclusive lock) waits for it.
-            let set_shared = set.as_deref().map(crate::weights_set::WeightsSet::shared);
-            match set.as_deref() {
-                // The set's values changed since the container folded its
-                // constants from them (a LoRA): fold again, alone, then run.
-                Some(s) if self.folds_stale(s) => {
-                    drop((set_shared, exclusive, shared));
-                    self.refold(s, stream)?;
-                }
-                _ => break (shared, exclusive, set_shared),
-            }
-        };
-        let mut raw: Vec<TensorHandle> = described
+        let raw: Vec<TensorHandle> = described
             .into_iter()
             .map(|d| match d {
                 Described::Borrowed(t) => t.into_raw(),
                 Described::Copied(t) => t.into_handle(),
             })
             .collect();
+        // SAFETY: every handle describes an input as the caller guarantees.
+        unsafe { self.run_handles(raw, stream) }
+    }
+
+    /// Run the container on `raw` (one live handle per input, stolen by the
+    /// run) with its work queued on `stream`; the caller holds `lock` as the
+    /// run needs it (shared for the threaded run, exclusive otherwise).
+    ///
+    /// # Safety
+    /// Each handle describes memory that stays valid until the work queued
+    /// on `stream` is done.
+    pub(crate) unsafe fn run_handles(
+        &self,
+        mut raw: Vec<TensorHandle>,
+        stream: usize,
+    ) -> Result<Vec<OwnedTensor>> {
+        if raw.len() != self.num_inputs {
+            // Never handed to the run: it would read past the array.
+            for h in raw {
+                // SAFETY: each handle is live and owned by this call.
+                drop(unsafe { OwnedTensor::from_raw(Arc::clone(&self.torch), h, stream) });
+            }
+            return Err(Error::new(
+                Code::RunCallInvalid,
+                format!("the graph takes {} inputs", self.num_inputs),
+            ));
+        }
+        let mut outputs: Vec<TensorHandle> = vec![std::ptr::null_mut(); self.num_outputs];
+        let run = match (self.single_threaded(), self.api.run_single_threaded) {
+            (true, Some(f)) => f,
+            _ => self.api.run,
+        };
         // SAFETY: `raw` holds `num_inputs` live handles, which Run steals (the
         // count was checked above, so the container's own count check cannot
         // fail before it takes them); `outputs` has room for `num_outputs`

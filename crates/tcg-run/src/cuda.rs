@@ -132,7 +132,44 @@ pub struct Cuda {
     /// (`crate::warm`); absent from runtimes without them.
     pub(crate) addmm_out: Option<AddmmOut>,
     pub(crate) mm_out: Option<MmOut>,
+    /// The CUDA-graph part of the runtime (`crate::capture`); `None` when
+    /// the runtime lacks one of its functions (captures then fall back).
+    pub(crate) graphs: Option<GraphApi>,
     _lib: Library,
+}
+
+/// The CUDA runtime functions a capture and its replays call
+/// (cuda_runtime_api.h), all stable since CUDA 11.4.
+#[derive(Clone, Copy)]
+pub(crate) struct GraphApi {
+    pub(crate) stream_create: unsafe extern "C" fn(*mut *mut c_void, u32) -> c_int,
+    pub(crate) stream_destroy: PtrIn,
+    pub(crate) begin_capture: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
+    pub(crate) end_capture: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> c_int,
+    pub(crate) instantiate: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> c_int,
+    pub(crate) launch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int,
+    pub(crate) exec_destroy: PtrIn,
+    pub(crate) graph_destroy: PtrIn,
+    pub(crate) memcpy_async:
+        unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, *mut c_void) -> c_int,
+    pub(crate) last_error: NoArgs,
+}
+
+impl GraphApi {
+    fn open(lib: &Library) -> Result<GraphApi> {
+        Ok(GraphApi {
+            stream_create: symbol(lib, "cudaStreamCreateWithFlags")?,
+            stream_destroy: symbol(lib, "cudaStreamDestroy")?,
+            begin_capture: symbol(lib, "cudaStreamBeginCapture")?,
+            end_capture: symbol(lib, "cudaStreamEndCapture")?,
+            instantiate: symbol(lib, "cudaGraphInstantiateWithFlags")?,
+            launch: symbol(lib, "cudaGraphLaunch")?,
+            exec_destroy: symbol(lib, "cudaGraphExecDestroy")?,
+            graph_destroy: symbol(lib, "cudaGraphDestroy")?,
+            memcpy_async: symbol(lib, "cudaMemcpyAsync")?,
+            last_error: symbol(lib, "cudaGetLastError")?,
+        })
+    }
 }
 
 /// `aoti_torch_cuda_addmm_out(out, self, mat1, mat2, beta, alpha)`.
@@ -196,11 +233,12 @@ impl Cuda {
             error_string: symbol(&lib, "cudaGetErrorString")?,
             addmm_out: symbol(&lib, "aoti_torch_cuda_addmm_out").ok(),
             mm_out: symbol(&lib, "aoti_torch_cuda_mm_out").ok(),
+            graphs: GraphApi::open(&lib).ok(),
             _lib: lib,
         })
     }
 
-    fn check(&self, rc: c_int, what: &str) -> Result<()> {
+    pub(crate) fn check(&self, rc: c_int, what: &str) -> Result<()> {
         if rc == 0 {
             return Ok(());
         }

@@ -233,6 +233,11 @@ pub struct Graph {
     added_bytes: std::sync::atomic::AtomicU64,
     // How long loading took, phase by phase.
     load_timings: Timings,
+    // Bumped by every bind: a CUDA graph captured under another generation
+    // reads constants by addresses that may be gone, and is dropped.
+    pub(crate) binding_generation: std::sync::atomic::AtomicU64,
+    // The captured CUDA graphs of this graph's calls (`crate::capture`).
+    pub(crate) captures: Mutex<crate::capture::Captures>,
     // Dropped after the container (field order): the .so, then its directory.
     _library: Library,
     _extracted: Extracted,
@@ -420,6 +425,8 @@ impl Graph {
             added_bytes: std::sync::atomic::AtomicU64::new(0),
             single_threaded: std::sync::atomic::AtomicBool::new(false),
             load_timings: Vec::new(),
+            binding_generation: std::sync::atomic::AtomicU64::new(0),
+            captures: Mutex::new(crate::capture::Captures::off("not enabled")),
             _library: library,
             _extracted: extracted,
         };
@@ -787,13 +794,15 @@ impl Graph {
 
     /// Fold the container's constants again from `set`'s current values, on
     /// `stream`, with the graph's lock held alone (no run reads the folded
-    /// buffers meanwhile) and the set's shared (its values do not change);
-    /// on a GPU the fold is finished before this returns, so calls on any
-    /// stream read the new folds. A runtime without the folding entry point
-    /// refuses the call (`run.weights_stale`: rebind the graph to the set).
+    /// buffers meanwhile); the caller holds the set's lock shared (its values
+    /// do not change; the set's lock before the graph's, as a call takes
+    /// them). On a GPU the fold is finished before this returns, so calls on
+    /// any stream read the new folds, and the binding generation is bumped:
+    /// the folded buffers may have moved, so CUDA-graph captures are dropped.
+    /// A runtime without the folding entry point refuses the call
+    /// (`run.weights_stale`: rebind the graph to the set).
     pub(crate) fn refold(&self, set: &WeightsSet, stream: usize) -> Result<()> {
         let _exclusive = self.lock.write().unwrap_or_else(|p| p.into_inner());
-        let _set_shared = set.shared();
         let generation = set.values_generation();
         if self
             .folded_generation
@@ -836,6 +845,8 @@ impl Graph {
         }
         self.folded_generation
             .store(generation, std::sync::atomic::Ordering::SeqCst);
+        self.binding_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 
@@ -1008,6 +1019,10 @@ impl Graph {
                 unsafe { update(self.container, map.as_ptr(), false, true) }
             }
         };
+        // Whatever the container did, captures of the previous binding are
+        // never replayed again.
+        self.binding_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if rc != 0 {
             return Err(invalid(format!(
                 "the container refused the constants: {}",
@@ -1302,8 +1317,9 @@ impl Graph {
                 }
                 graph.bind_to_set(set, plan, literals)?
             }
+            // (Staged for a set exactly when the source is a set.)
             (Staging::Set(..), WeightsSource::Files(_)) => {
-                unreachable!("staged as the source says")
+                return Err(invalid("the weights were staged for another source".into()))
             }
         };
         timings.extend(report.timings.iter().copied());
@@ -1338,6 +1354,12 @@ pub(crate) fn last_error(f: Option<LastError>) -> String {
 
 impl Drop for Graph {
     fn drop(&mut self) {
+        // Captured CUDA graphs launch the container's kernels and read its
+        // constants: they go first, once their last replay finished.
+        self.captures
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .teardown(&self.torch);
         // SAFETY: the container was created by this value and is deleted once,
         // before the library that implements it is closed (field order) and
         // before the constants' allocation it may point into is freed.

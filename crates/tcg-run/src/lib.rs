@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 pub mod call;
+pub mod capture;
 pub mod cgroup;
 pub mod cuda;
 pub mod dlpack;

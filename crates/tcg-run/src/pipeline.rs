@@ -1318,6 +1318,51 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_of_every_tensor_and_one_of_the_literals_alone_share_the_steps() {
+        let d = tempfile::tempdir().unwrap();
+        write(&d.path().join("w.safetensors"), &[("a.x", 3), ("b.y", 5)]);
+        write(&d.path().join("lit.safetensors"), &[("t", 4)]);
+        let naming = Naming {
+            strip_prefix: "a.".into(),
+            add_prefix: "m.".into(),
+        };
+        let checkpoint = Checkpoint::open(&[d.path().join("w.safetensors")], &naming).unwrap();
+        // Every tensor of the checkpoint, by its mapped name; `b.y` lies outside.
+        let mut plan = Plan::every_tensor(&checkpoint).unwrap();
+        assert_eq!(plan.placed().keys().collect::<Vec<_>>(), ["m.x"]);
+        let into = plan.allocate(Device::Cpu, "").unwrap();
+        plan.read(&into, &Readers::spawn(2).unwrap()).unwrap();
+        let staged = plan.hand_over(into);
+        assert_eq!((staged.bytes, staged.outside_prefix), (12, 1));
+        // SAFETY: inside the staged allocation.
+        let third = unsafe { *((staged.memory.ptr() + 8) as *const [u8; 4]) };
+        assert_eq!(f32::from_le_bytes(third), 2.0);
+        // The literal rows alone, from the literal payload; none: nothing.
+        let mut literal = row("t", 4);
+        literal.source = ConstantSource::Literal;
+        let rows = vec![row("m.x", 3), literal];
+        let lit = d.path().join("lit.safetensors");
+        let readers = Readers::spawn(1).unwrap();
+        let staged = stage_literals(&rows, Some(&lit), Device::Cpu, &readers)
+            .unwrap()
+            .unwrap();
+        assert_eq!(staged.placed.keys().collect::<Vec<_>>(), ["t"]);
+        assert_eq!(staged.bytes, 16);
+        assert!(
+            stage_literals(&rows[..1], Some(&lit), Device::Cpu, &readers)
+                .unwrap()
+                .is_none()
+        );
+        let err = stage_literals(&rows, None, Device::Cpu, &readers).unwrap_err();
+        assert_eq!(err.code(), Code::RunLiteralPayload, "{err}");
+        // A literal of another shape than its row: the mismatch of files.
+        let mut wrong = row("t", 5);
+        wrong.source = ConstantSource::Literal;
+        let err = stage_literals(&[wrong], Some(&lit), Device::Cpu, &readers).unwrap_err();
+        assert_eq!(err.code(), Code::RunConstantMismatch, "{err}");
+    }
+
+    #[test]
     fn weights_larger_than_the_memory_are_refused_before_anything_is_read() {
         let d = tempfile::tempdir().unwrap();
         // A sparse file of 1 TiB of float32 zeros: more than any test host has.

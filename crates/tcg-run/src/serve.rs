@@ -18,6 +18,7 @@ use tcg_core::artifact::metadata::ConstantSource;
 use tcg_core::engine::{Engine, Resolved};
 use tcg_core::{Code, Error, Result};
 
+use crate::capture::CaptureOptions;
 use crate::cuda::Device;
 use crate::graph::{BindReport, Graph, Input, LoadRequest, WeightsSource};
 use crate::inputs::Dim;
@@ -214,6 +215,15 @@ impl Served {
     /// sharded checkpoints by their index, directories holding either), their
     /// names mapped by `naming`; bound by the artifact's weights contract
     /// (aliases bind, declared names the compiler dropped are ignored).
+    ///
+    /// A CUDA graph's calls are replayed as CUDA graphs ([`crate::capture`])
+    /// as the environment says ([`CaptureOptions::from_env`]: on, 8 shape
+    /// sets), where this process uses libtorch's stream-ordered allocator:
+    /// call [`crate::capture::prepare_allocator`] before the process starts
+    /// its threads (the serve example does), or set
+    /// `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync`; otherwise calls run
+    /// uncaptured and `graph().captures_reason()` says why.
+    /// `graph().set_captures(..)` changes it later.
     pub fn load_with(
         resolved: Resolved,
         torch_lib: &Path,
@@ -234,7 +244,9 @@ impl Served {
     /// set's libtorch): the graph's table checked against the set by the
     /// artifact's weights contract and bound without a copy; only the
     /// artifact's literals are read for this graph (docs/run.md, "Weights
-    /// once").
+    /// once"). CUDA-graph replay as for [`Served::load_with`]: a rebind to
+    /// files or another set bumps the binding generation, and captures of
+    /// the previous one are not replayed.
     pub fn load_with_set(resolved: Resolved, set: &Arc<WeightsSet>) -> Result<Served> {
         let torch_lib = set.torch().dir().to_owned();
         let device = set.device().to_string();
@@ -262,6 +274,7 @@ impl Served {
             .destination
             .join(tcg_core::artifact::LITERALS_MEMBER);
         let has_literals = rows.iter().any(|r| r.source == ConstantSource::Literal);
+        let captures = CaptureOptions::from_env()?;
         // Loaded and bound in one overlapped step (see `Graph::load_request`).
         let (graph, bind_report) = Graph::load_request(LoadRequest {
             torch_lib,
@@ -274,6 +287,9 @@ impl Served {
             weights,
             literals: has_literals.then_some(literals.as_path()),
         })?;
+        if graph.device().is_cuda() {
+            graph.set_captures(captures);
+        }
         let (facts, symbols, ranges) = match ingress(&resolved) {
             Some((facts, symbols)) => {
                 if facts.len() != graph.num_inputs() {
