@@ -32,19 +32,15 @@ def test_a_lora_swaps_on_a_native_cuda_set_as_on_the_torch_set(
 ) -> None:
     from safetensors.torch import save_file
 
-    from torch_compiled_graphs import _native
-    from torch_compiled_graphs.native import find_torch_lib
+    from torch_compiled_graphs import NativeWeightsSet
 
     device = f"cuda:{torch.cuda.current_device()}"
     unet = wide_unet().cuda()
     weights = tmp_path / "unet.safetensors"
     save_file({k: v.detach().contiguous() for k, v in unet.state_dict().items()}, weights)
     stored = minted["graph"]
-    native = stored.load_native(os.fspath(weights), device=device)
-    native_set = _native.NativeWeightsSet.open(find_torch_lib(None), device, [os.fspath(weights)])
-    literals = os.path.join(stored.path, "constants.safetensors")
-    has_literals = any(r["source"] == "literal" for r in stored.constants)
-    native._model.bind_set(native_set, literals if has_literals else None)
+    native_set = NativeWeightsSet(weights, device=device)
+    native = stored.load_native(native_set)
     x, t = minted["x"], minted["t"]
 
     def out() -> Any:
@@ -71,7 +67,8 @@ def test_a_lora_swaps_on_a_native_cuda_set_as_on_the_torch_set(
     with torch.no_grad():
         torch.testing.assert_close(out(), torch_graph(x, t).sample, rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(out(), want["a"], rtol=1e-2, atol=1e-2)
-    assert native_set.lora["targets"] == torch_set.lora["targets"]  # type: ignore[index]
+    assert native_set.lora is not None and torch_set.lora is not None
+    assert native_set.lora["targets"] == torch_set.lora["targets"]
     assert native_set.nbytes == held + (torch_set.nbytes - sum(v.numel() * 4 for v in unet.state_dict().values()))
 
     # Swaps while another thread calls on its own stream: every call sees one LoRA whole.

@@ -5,7 +5,6 @@ set bound to a ``load_native`` graph of the tiny diffusers UNet, against the tor
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +18,12 @@ np = pytest.importorskip("numpy")
 
 
 def _native_on_a_set(ddpm: dict[str, Any]) -> tuple[Any, Any]:
-    """A load_native graph of the UNet, bound to a NativeWeightsSet of its checkpoint."""
-    from torch_compiled_graphs import _native
-    from torch_compiled_graphs.native import find_torch_lib
+    """A load_native graph of the UNet bound to a NativeWeightsSet of its checkpoint."""
+    from torch_compiled_graphs import NativeWeightsSet
 
-    stored = ddpm["graph"]
-    weights = os.fspath(ddpm["root"] / "pipeline" / "unet" / "diffusion_pytorch_model.safetensors")
-    native = stored.load_native(weights)
-    weights_set = _native.NativeWeightsSet.open(find_torch_lib(None), "cpu", [weights])
-    literals = os.path.join(stored.path, "constants.safetensors")
-    has_literals = any(r["source"] == "literal" for r in stored.constants)
-    native._model.bind_set(weights_set, literals if has_literals else None)
-    return native, weights_set
+    weights = ddpm["root"] / "pipeline" / "unet" / "diffusion_pytorch_model.safetensors"
+    weights_set = NativeWeightsSet(weights)
+    return ddpm["graph"].load_native(weights_set), weights_set
 
 
 @pytest.mark.real_aoti
@@ -60,7 +53,7 @@ def test_a_lora_on_a_native_set_matches_the_torch_set_and_is_removed_bit_for_bit
             return torch_graph(loras["x"], loras["t"]).sample.numpy()
 
     # diffusers' file (alpha in its header metadata), by its directory.
-    weights_set.apply_lora(os.fspath(loras["diffusers"]), name="a")
+    weights_set.apply_lora(loras["diffusers"], name="a")
     torch_set.apply_lora(loras["diffusers"], name="a")
     np.testing.assert_allclose(out(), torch_out(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out(), loras["a"].numpy(), rtol=1e-5, atol=1e-5)
@@ -72,11 +65,12 @@ def test_a_lora_on_a_native_set_matches_the_torch_set_and_is_removed_bit_for_bit
     assert weights_set.nbytes == held + sum(base[n].numel() * 4 for n in info["targets"])
 
     # PEFT's directory (alpha in adapter_config.json): swapped in one step, from the base.
-    weights_set.replace_lora(os.fspath(loras["peft"]), name="b")
+    weights_set.replace_lora(loras["peft"], name="b")
     torch_set.replace_lora(loras["peft"], name="b")
     np.testing.assert_allclose(out(), torch_out(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out(), loras["b"].numpy(), rtol=1e-5, atol=1e-5)
-    assert weights_set.lora["targets"] == torch_set.lora["targets"]  # type: ignore[index]
+    assert weights_set.lora is not None and torch_set.lora is not None
+    assert weights_set.lora["targets"] == torch_set.lora["targets"]
 
     weights_set.remove_lora()
     assert weights_set.lora is None and weights_set.nbytes == held
@@ -109,22 +103,23 @@ def test_a_lora_that_does_not_fit_a_native_set_is_refused_and_changes_nothing(
     paths = []
     for i, bad in enumerate((wrong_shape, unknown)):
         save_file(bad, tmp_path / f"bad{i}.safetensors")
-        paths.append(os.fspath(tmp_path / f"bad{i}.safetensors"))
+        paths.append(tmp_path / f"bad{i}.safetensors")
     (tmp_path / "broken.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
-    paths.append(os.fspath(tmp_path / "broken.safetensors"))
+    paths.append(tmp_path / "broken.safetensors")
     for bad_path in paths:
         refused_binding("run.lora_invalid", weights_set.apply_lora, bad_path)
         assert weights_set.lora is None
         assert np.array_equal(out(), before)
     refused_binding("run.lora_invalid", weights_set.apply_lora, paths[0], scale=float("nan"))
+    refused_binding("run.lora_invalid", weights_set.apply_lora, {"a state_dict": 1})  # a path only, natively
 
     # A refused replacement keeps the fused LoRA; a second apply is refused.
-    weights_set.apply_lora(os.fspath(loras["diffusers"]), scale=0.5, name="a")
+    weights_set.apply_lora(loras["diffusers"], scale=0.5, name="a")
     fused = out()
     assert not np.array_equal(fused, before)
     for bad_path in paths:
         refused_binding("run.lora_invalid", weights_set.replace_lora, bad_path)
-    refused_binding("run.lora_invalid", weights_set.apply_lora, os.fspath(loras["diffusers"]))
+    refused_binding("run.lora_invalid", weights_set.apply_lora, loras["diffusers"])
     assert weights_set.lora is not None and weights_set.lora["name"] == "a"
     assert np.array_equal(out(), fused)
     weights_set.remove_lora()
