@@ -219,6 +219,32 @@ fn a_lora_on_a_set_reaches_every_graph_and_its_folds_and_is_removed_bit_for_bit(
     assert_close(&run(&b, &x), &run(&from_files, &x));
     assert_close(&run(&a, &x), &run(&from_files, &x));
 
+    // Swaps while another thread calls: every call sees one LoRA whole (its
+    // values and the constants folded from them), never a mix.
+    let with_b = run(&b, &x);
+    set.replace_lora(&pa, 0.5, None, None).unwrap();
+    let with_a = run(&b, &x);
+    assert_ne!(with_a, with_b);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let caller = scope.spawn(|| {
+            let mut calls = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || calls < 20 {
+                let got = run(&b, &x);
+                assert!(got == with_a || got == with_b, "a call saw a mix");
+                calls += 1;
+            }
+            calls
+        });
+        for _ in 0..10 {
+            set.replace_lora(&pb, 2.0, Some("unet."), None).unwrap();
+            set.replace_lora(&pa, 0.5, None, None).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(caller.join().unwrap() >= 20);
+    });
+    assert_eq!(run(&a, &x), with_a);
+
     // Removed: bit for bit what the graphs computed before, the bases freed.
     set.remove_lora().unwrap();
     assert!(set.lora().is_none());
