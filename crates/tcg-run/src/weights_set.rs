@@ -301,8 +301,9 @@ impl WeightsSet {
 
     /// The exclusive guard: an update of the set's values holds it, so that
     /// no call queues work on values half updated. Lock order: a call takes
-    /// its graph's lock, then the set's; so an update holding this guard
-    /// must not wait for a graph's lock (bind, `set_single_threaded`). On a
+    /// the set's lock, then its graph's (for a replay or a run); so an update
+    /// holding this guard must not wait for a graph's lock (a bind,
+    /// `set_single_threaded`, a capture). On a
     /// GPU the guard orders the queueing of calls, not their execution: an
     /// update synchronises the device (or the streams of the calls) before
     /// it writes.
