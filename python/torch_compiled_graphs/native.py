@@ -267,6 +267,21 @@ def _buffer(path: str, value: Any) -> tuple[int, int, str, list[int], object]:
     return address, nbytes, dtype, shape, keep
 
 
+def _lora_args(lora: object, scale: object, prefix: object, name: object) -> tuple[str, float, str | None, str | None]:
+    """The native set's LoRA arguments, checked (``run.lora_invalid``)."""
+    if not isinstance(lora, (str, os.PathLike)):
+        raise BindingError(
+            f"a LoRA on a native set is a safetensors file or a directory holding one, got {type(lora).__qualname__}",
+            "run.lora_invalid",
+        )
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise BindingError(f"the LoRA scale must be a finite number, got {scale!r}", "run.lora_invalid")
+    for label, value in (("prefix", prefix), ("name", name)):
+        if value is not None and not isinstance(value, str):
+            raise BindingError(f"{label} must be a string", "run.lora_invalid")
+    return os.fspath(lora), float(scale), prefix, name  # type: ignore[return-value]
+
+
 class NativeWeightsSet:
     """Every tensor of a checkpoint read once onto a device, without torch, for several
     native graphs to bind without a copy (docs/run.md, "Weights once").
@@ -310,7 +325,8 @@ class NativeWeightsSet:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of tensor data the set holds (on its device)."""
+        """Bytes of tensor data the set holds (on its device), plus the base copies kept
+        for a fused LoRA."""
         return int(self._set.nbytes)
 
     @property
@@ -334,6 +350,38 @@ class NativeWeightsSet:
         ``plan_weights``, ``allocate_weights``, ``read_weights``, ``copy_weights``, on a
         GPU ``cuda_context`` and ``staging_ring``, then ``set_total``)."""
         return dict(self._set.timings)
+
+    # -- LoRA -------------------------------------------------------------------------
+
+    @property
+    def lora(self) -> dict[str, Any] | None:
+        """The fused LoRA: ``name``, ``scale``, ``targets`` (names changed) and ``nbytes``
+        (its tensors); ``None`` when none is fused."""
+        info = self._set.lora
+        return None if info is None else dict(info)
+
+    def apply_lora(self, lora: StrPath, scale: float = 1.0, prefix: str | None = None, name: str | None = None) -> None:
+        """Fuse a LoRA (a diffusers/PEFT ``.safetensors`` file, or a directory holding
+        ``pytorch_lora_weights.safetensors`` or ``adapter_model.safetensors``) into the set's
+        values in place, and so into every graph bound to it, without torch:
+        ``W + scale_m · B @ A`` per adapted module, in float32 on the set's device, cast to
+        W's dtype, where ``scale_m`` is alpha / rank x ``scale`` (the rules of
+        :meth:`WeightsSet.apply_lora`). ``prefix`` selects one component of a pipeline's
+        LoRA (``"unet."``). Refused (``run.lora_invalid``, nothing changed) when one is
+        already fused (use :meth:`replace_lora`) or when it does not fit."""
+        self._set.apply_lora(*_lora_args(lora, scale, prefix, name))
+
+    def replace_lora(
+        self, lora: StrPath, scale: float = 1.0, prefix: str | None = None, name: str | None = None
+    ) -> None:
+        """Swap the fused LoRA for another in one step, from the base values: every call
+        sees the old one or the new one, never the base or a mix. Refused LoRAs change
+        nothing."""
+        self._set.replace_lora(*_lora_args(lora, scale, prefix, name))
+
+    def remove_lora(self) -> None:
+        """Restore the base values bit for bit and free the copies kept of them."""
+        self._set.remove_lora()
 
     def __repr__(self) -> str:
         return f"NativeWeightsSet({len(self._set.names)} tensors, {self.nbytes} bytes, device={self.device!r})"

@@ -150,6 +150,60 @@ impl NativeWeightsSet {
         self.inner.names().map(str::to_owned).collect()
     }
 
+    /// Fuse the LoRA at `path` (a diffusers/PEFT safetensors file, or a
+    /// directory holding one) into the set's values in place, and so into
+    /// every model bound to it; refused (`run.lora_invalid`, nothing changed)
+    /// when one is fused already or when it does not fit.
+    #[pyo3(signature = (path, scale=1.0, prefix=None, name=None))]
+    fn apply_lora(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        scale: f64,
+        prefix: Option<String>,
+        name: Option<String>,
+    ) -> PyResult<()> {
+        let set = Arc::clone(&self.inner);
+        py.detach(move || set.apply_lora(&path, scale, prefix.as_deref(), name))
+            .py()
+    }
+
+    /// Swap the fused LoRA for the one at `path` in one step (from the base
+    /// values); a refused LoRA changes nothing.
+    #[pyo3(signature = (path, scale=1.0, prefix=None, name=None))]
+    fn replace_lora(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        scale: f64,
+        prefix: Option<String>,
+        name: Option<String>,
+    ) -> PyResult<()> {
+        let set = Arc::clone(&self.inner);
+        py.detach(move || set.replace_lora(&path, scale, prefix.as_deref(), name))
+            .py()
+    }
+
+    /// Restore the base values bit for bit and free the copies kept of them.
+    fn remove_lora(&self, py: Python<'_>) -> PyResult<()> {
+        let set = Arc::clone(&self.inner);
+        py.detach(move || set.remove_lora()).py()
+    }
+
+    /// The fused LoRA (`name`, `scale`, `targets`, `nbytes`), or `None`.
+    #[getter]
+    fn lora<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(info) = self.inner.lora() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("name", info.name)?;
+        d.set_item("scale", info.scale)?;
+        d.set_item("targets", info.targets)?;
+        d.set_item("nbytes", info.nbytes)?;
+        Ok(Some(d))
+    }
+
     /// `"cpu"` or `"cuda:N"`.
     #[getter]
     fn device(&self) -> String {

@@ -129,6 +129,12 @@ impl Graph {
         // run): an update of the set's values (its exclusive lock) waits for it.
         let set = self.weights_set();
         let _set_shared = set.as_deref().map(crate::weights_set::WeightsSet::shared);
+        // The set's values changed since the container folded its constants
+        // from them (a LoRA): fold again before this call (the set's values
+        // cannot change again while its shared lock is held).
+        if let Some(set) = set.as_deref().filter(|s| self.folds_stale(s)) {
+            self.refold(set, stream)?;
+        }
         // SAFETY: the caller's contract is this function's.
         if let Some(outputs) = unsafe { self.run_captured(inputs, &dtypes, stream)? } {
             return Ok(outputs);

@@ -142,7 +142,8 @@ impl CaptureOptions {
 pub struct CaptureStats {
     /// Shape sets captured.
     pub captures: u64,
-    /// Calls served by a replay.
+    /// Calls answered by a replay (the capturing call included: it launches
+    /// its capture once), as `load()` counts them.
     pub replays: u64,
     /// Captures dropped for the bound (least recently used).
     pub evictions: u64,
@@ -596,6 +597,7 @@ impl Graph {
                     Ok((entry, out)) => {
                         let took = started.elapsed().as_secs_f64();
                         caps.stats.captures += 1;
+                        caps.stats.replays += 1;
                         caps.stats.capture_seconds += took;
                         caps.stats.last_capture_seconds = Some(took);
                         if let Some(old) = caps.cache.insert(key, entry) {

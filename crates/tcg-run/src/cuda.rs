@@ -125,6 +125,8 @@ pub struct Cuda {
     event_record: EventRecord,
     wait_event: WaitEvent,
     event_destroy: PtrIn,
+    stream_create: EventCreate,
+    stream_destroy: PtrIn,
     error_string: ErrorString,
     /// `aoti_torch_cuda_addmm_out` / `aoti_torch_cuda_mm_out`, to prime cuBLAS
     /// (`crate::warm`); absent from runtimes without them.
@@ -226,6 +228,8 @@ impl Cuda {
             event_record: symbol(&lib, "cudaEventRecord")?,
             wait_event: symbol(&lib, "cudaStreamWaitEvent")?,
             event_destroy: symbol(&lib, "cudaEventDestroy")?,
+            stream_create: symbol(&lib, "cudaStreamCreateWithFlags")?,
+            stream_destroy: symbol(&lib, "cudaStreamDestroy")?,
             error_string: symbol(&lib, "cudaGetErrorString")?,
             addmm_out: symbol(&lib, "aoti_torch_cuda_addmm_out").ok(),
             mm_out: symbol(&lib, "aoti_torch_cuda_mm_out").ok(),
@@ -370,6 +374,46 @@ impl Cuda {
             (self.event_destroy)(event);
             waited
         }
+    }
+}
+
+impl Cuda {
+    /// A new non-blocking stream of device `index`, destroyed on drop.
+    pub(crate) fn new_stream(&self, index: i32) -> Result<Stream<'_>> {
+        let _device = self.device_guard(index)?;
+        let mut stream: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one stream handle; flag 1 is cudaStreamNonBlocking.
+        self.check(
+            unsafe { (self.stream_create)(&mut stream, 1) },
+            "cudaStreamCreateWithFlags",
+        )?;
+        Ok(Stream { cuda: self, stream })
+    }
+}
+
+/// A CUDA stream this crate created; destroyed on drop (work still queued on
+/// it completes first, as `cudaStreamDestroy` guarantees).
+pub(crate) struct Stream<'a> {
+    cuda: &'a Cuda,
+    stream: *mut c_void,
+}
+
+// SAFETY: a cudaStream_t may be used and destroyed from any host thread.
+unsafe impl Send for Stream<'_> {}
+// SAFETY: as above; this value only hands the handle out.
+unsafe impl Sync for Stream<'_> {}
+
+impl Stream<'_> {
+    /// The `cudaStream_t`, as this crate passes streams.
+    pub(crate) fn handle(&self) -> usize {
+        self.stream as usize
+    }
+}
+
+impl Drop for Stream<'_> {
+    fn drop(&mut self) {
+        // SAFETY: a stream this value created, destroyed once.
+        unsafe { (self.cuda.stream_destroy)(self.stream) };
     }
 }
 

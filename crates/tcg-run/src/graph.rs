@@ -79,6 +79,7 @@ type Run = unsafe extern "C" fn(
     *mut c_void,
 ) -> i32;
 pub(crate) type LastError = unsafe extern "C" fn(*mut *const c_char) -> i32;
+type ConstFold = unsafe extern "C" fn(Container, bool, *mut c_void, *mut c_void) -> i32;
 
 #[derive(Clone, Copy)]
 pub(crate) struct Api {
@@ -94,6 +95,9 @@ pub(crate) struct Api {
     // event recorded per run): the form a CUDA-graph capture can hold.
     pub(crate) run_single_threaded: Option<Run>,
     pub(crate) last_error: Option<LastError>,
+    // Folds the constants again from the bound values (after a LoRA changed
+    // a weights set the graph is bound to).
+    const_fold: Option<ConstFold>,
 }
 
 enum Update {
@@ -221,6 +225,9 @@ pub struct Graph {
     // one; dropped after the container (see `Drop`), so graph and set drop
     // in any order.
     pub(crate) set: Mutex<Option<Arc<WeightsSet>>>,
+    // The set's values generation the container's folded constants were
+    // computed from (see `WeightsSet::values_generation`).
+    folded_generation: std::sync::atomic::AtomicU64,
     // What the last bind added beyond memory shared with others (see
     // `BindReport::added_bytes`).
     added_bytes: std::sync::atomic::AtomicU64,
@@ -347,6 +354,7 @@ impl Graph {
             run_single_threaded: get(&library, "AOTInductorModelContainerRunSingleThreaded").ok(),
             // Older runtimes print their errors to stderr and export no getter.
             last_error: get(&library, "AOTInductorGetLastError").ok(),
+            const_fold: get(&library, "AOTInductorModelContainerRunConstantFolding").ok(),
         };
         let cxx = match (api.update_pairs, api.update_map) {
             (Some(_), _) => None,
@@ -413,6 +421,7 @@ impl Graph {
             contract: RwLock::new(WeightsContract::from_rows(&[])),
             weights: Mutex::new(None),
             set: Mutex::new(None),
+            folded_generation: std::sync::atomic::AtomicU64::new(0),
             added_bytes: std::sync::atomic::AtomicU64::new(0),
             single_threaded: std::sync::atomic::AtomicBool::new(false),
             load_timings: Vec::new(),
@@ -774,6 +783,73 @@ impl Graph {
         self.added_bytes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Whether the container folds constants from values of `set` that
+    /// changed since it last folded them.
+    pub(crate) fn folds_stale(&self, set: &WeightsSet) -> bool {
+        self.folded_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
+            != set.values_generation()
+            && self.constants.iter().any(|c| c.from_folded)
+    }
+
+    /// Fold the container's constants again from `set`'s current values, on
+    /// `stream`, with the graph's lock held alone (no run reads the folded
+    /// buffers meanwhile); the caller holds the set's lock shared (its values
+    /// do not change; the set's lock before the graph's, as a call takes
+    /// them). On a GPU the fold is finished before this returns, so calls on
+    /// any stream read the new folds, and the binding generation is bumped:
+    /// the folded buffers may have moved, so CUDA-graph captures are dropped.
+    /// A runtime without the folding entry point refuses the call
+    /// (`run.weights_stale`: rebind the graph to the set).
+    pub(crate) fn refold(&self, set: &WeightsSet, stream: usize) -> Result<()> {
+        let _exclusive = self.lock.write().unwrap_or_else(|p| p.into_inner());
+        let generation = set.values_generation();
+        if self
+            .folded_generation
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == generation
+        {
+            return Ok(());
+        }
+        let fold = self.api.const_fold.ok_or_else(|| {
+            Error::new(
+                Code::RunWeightsStale,
+                "the weights set's values changed (a LoRA) and this graph folds constants from them, \
+                 but its runtime cannot fold again (no AOTInductorModelContainerRunConstantFolding): \
+                 bind the graph to the set again",
+            )
+        })?;
+        // SAFETY: the container is live; `stream` is the caller's live stream
+        // of the graph's device (0 on the CPU); no proxy executor. The active
+        // buffer is folded under the container's own exclusive lock, and no
+        // run of this graph is in flight (its lock is held alone).
+        let rc = unsafe {
+            fold(
+                self.container,
+                false,
+                stream as *mut c_void,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc != 0 {
+            return Err(Error::new(
+                Code::RunExecutionFailed,
+                format!(
+                    "folding the graph's constants again failed: {}",
+                    last_error(self.api.last_error)
+                ),
+            ));
+        }
+        if self.device.is_cuda() {
+            self.torch.cuda()?.synchronize(stream)?;
+        }
+        self.folded_generation
+            .store(generation, std::sync::atomic::Ordering::SeqCst);
+        self.binding_generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
     /// The weights set the graph is bound to, if any.
     pub fn weights_set(&self) -> Option<Arc<WeightsSet>> {
         self.set.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -861,6 +937,9 @@ impl Graph {
         // is no longer referenced and is released here.
         *self.weights.lock().unwrap_or_else(|p| p.into_inner()) =
             if user_managed { memory } else { None };
+        // The container folds from the values as they are now, on its next run.
+        self.folded_generation
+            .store(set.values_generation(), std::sync::atomic::Ordering::SeqCst);
         *self.set.lock().unwrap_or_else(|p| p.into_inner()) = user_managed.then(|| Arc::clone(set));
         Ok(BindReport {
             ignored: plan.ignored,

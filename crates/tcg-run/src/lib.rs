@@ -25,6 +25,8 @@ pub mod driver;
 pub mod extract;
 pub mod graph;
 pub mod inputs;
+pub mod lora;
+pub mod lora_fuse;
 pub mod pipeline;
 pub mod serve;
 mod stdmap;

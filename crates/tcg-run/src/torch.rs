@@ -80,6 +80,9 @@ pub(crate) struct Shim {
     device_index: GetI32,
     empty_strided: EmptyStrided,
     copy: CopyInto,
+    /// `aoti_torch_cpu_addmm_out` (c_shim_cpu.h), for fusing a LoRA on the
+    /// CPU; absent from runtimes without it.
+    pub(crate) cpu_addmm_out: Option<crate::cuda::AddmmOut>,
     pub(crate) device_cpu: i32,
     pub(crate) device_cuda: i32,
 }
@@ -174,6 +177,7 @@ impl Torch {
             device_index: symbol(&cpu, "aoti_torch_get_device_index")?,
             empty_strided: symbol(&cpu, "aoti_torch_empty_strided")?,
             copy: symbol(&cpu, "aoti_torch_copy_")?,
+            cpu_addmm_out: symbol(&cpu, "aoti_torch_cpu_addmm_out").ok(),
             // SAFETY: `aoti_torch_device_type_*` take nothing and return an int32.
             device_cpu: unsafe { device_cpu() },
             // SAFETY: as above.
@@ -322,6 +326,21 @@ impl BorrowedTensor {
 
     pub(crate) fn handle(&self) -> TensorHandle {
         self.handle
+    }
+
+    /// Copy `src` (same shape, any dtype and device) into this tensor, cast
+    /// to its dtype, on the current stream of its device (the caller makes
+    /// the stream current).
+    pub(crate) fn copy_from(&self, torch: &Torch, src: TensorHandle) -> Result<()> {
+        // SAFETY: both handles are live; a blocking copy (non_blocking = 0).
+        let rc = unsafe { (torch.shim.copy)(self.handle, src, 0) };
+        if rc != 0 {
+            return Err(Error::new(
+                Code::RunExecutionFailed,
+                "libtorch could not copy into a tensor in place",
+            ));
+        }
+        Ok(())
     }
 
     /// Give the handle away (to a callee that steals it).

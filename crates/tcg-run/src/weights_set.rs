@@ -12,10 +12,18 @@
 //! drop in any order; calls of a graph bound to a set hold the set's shared
 //! lock while they queue their work, and an update of the set's values (a
 //! LoRA fused in place) takes it alone ([`WeightsSet::exclusive`]).
+//!
+//! A LoRA is fused into the set in place ([`WeightsSet::apply_lora`],
+//! [`WeightsSet::replace_lora`], [`WeightsSet::remove_lora`]; the work is
+//! [`crate::lora_fuse`]), so into every graph bound to it without recompiling;
+//! each update bumps [`WeightsSet::values_generation`], and a graph whose
+//! container folds constants from the set's values folds them again before
+//! its next run.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
 use tcg_core::artifact::metadata::{ConstantRow, ConstantSource};
@@ -23,6 +31,7 @@ use tcg_core::artifact::weights::WeightsContract;
 use tcg_core::{Code, Error, Result};
 
 use crate::cuda::Device;
+use crate::lora_fuse::{prepare, FuseWeights, LoraInfo, LoraState};
 use crate::pipeline::{reader_threads, row_mismatch, Memory, Plan, Readers, Timings};
 use crate::torch::{Dtype, Torch};
 use crate::weights::{Checkpoint, COMPARE_CHUNK};
@@ -47,6 +56,11 @@ pub struct WeightsSet {
     timings: Timings,
     // Runs share it; updates of the set's values take it alone.
     lock: RwLock<()>,
+    // The fused LoRA and the base values it replaced (taken under `lock`
+    // held exclusive, or alone for reading its description).
+    lora: Mutex<LoraState>,
+    // Bumped by every update of the values (a LoRA fused, swapped, removed).
+    generation: AtomicU64,
 }
 
 impl std::fmt::Debug for WeightsSet {
@@ -127,12 +141,104 @@ impl WeightsSet {
             outside_prefix: staged.outside_prefix,
             timings,
             lock: RwLock::new(()),
+            lora: Mutex::new(LoraState::default()),
+            generation: AtomicU64::new(0),
         }))
     }
 
-    /// The bytes of tensor data the set holds (without alignment padding).
+    /// The bytes of tensor data the set holds (without alignment padding),
+    /// plus the base copies kept for a fused LoRA.
     pub fn nbytes(&self) -> u64 {
-        self.nbytes
+        self.nbytes + self.lora_state().base_nbytes() as u64
+    }
+
+    fn lora_state(&self) -> std::sync::MutexGuard<'_, LoraState> {
+        self.lora.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fuse the LoRA at `path` (a diffusers/PEFT safetensors file, or a
+    /// directory holding `pytorch_lora_weights.safetensors` or
+    /// `adapter_model.safetensors`) into the set's values in place:
+    /// `W <- base + scale_m · B @ A` per adapted module, in float32 on the
+    /// set's device, cast to W's dtype, where `scale_m` is alpha / rank x
+    /// `scale` ([`crate::lora`]). `prefix` selects one component of a
+    /// pipeline's LoRA (`"unet."`). Refused (`run.lora_invalid`, nothing
+    /// changed) when a LoRA is already fused or when it does not fit; checked
+    /// before the set's lock is taken, written under it held exclusive.
+    pub fn apply_lora(
+        &self,
+        path: &Path,
+        scale: f64,
+        prefix: Option<&str>,
+        name: Option<String>,
+    ) -> Result<()> {
+        self.fuse_lora(path, scale, prefix, name, false)
+    }
+
+    /// Swap the fused LoRA (if any) for the one at `path` in one step: no
+    /// call sees the base or a mix. Computed from the kept base values, never
+    /// accumulated; weights the old LoRA changed and the new one does not go
+    /// back to base. A refused LoRA changes nothing (the fused one stays).
+    pub fn replace_lora(
+        &self,
+        path: &Path,
+        scale: f64,
+        prefix: Option<&str>,
+        name: Option<String>,
+    ) -> Result<()> {
+        self.fuse_lora(path, scale, prefix, name, true)
+    }
+
+    fn fuse_lora(
+        &self,
+        path: &Path,
+        scale: f64,
+        prefix: Option<&str>,
+        name: Option<String>,
+        replace: bool,
+    ) -> Result<()> {
+        if let (false, Some(fused)) = (replace, self.lora()) {
+            // Refused before reading the file (checked again under the lock).
+            return Err(Error::new(
+                Code::RunLoraInvalid,
+                format!(
+                    "a LoRA ({:?}) is already fused: replace_lora() or remove_lora() first",
+                    fused.name
+                ),
+            ));
+        }
+        let targets = prepare(self, path, scale, prefix)?;
+        let _exclusive = self.exclusive();
+        let mut state = self.lora_state();
+        // Bumped whatever happens: a failure midway restored the base values,
+        // which are new values too for a graph that folded the LoRA's.
+        let result = state.fuse(self, targets, scale, name, replace);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        result.map(drop)
+    }
+
+    /// Restore the base values bit for bit and free the copies kept of them
+    /// (nothing to do when no LoRA is fused).
+    pub fn remove_lora(&self) -> Result<()> {
+        let _exclusive = self.exclusive();
+        let mut state = self.lora_state();
+        if state.info().is_none() && state.base_nbytes() == 0 {
+            return Ok(());
+        }
+        let result = state.remove(self);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        result.map(drop)
+    }
+
+    /// The fused LoRA (`name`, `scale`, `targets`, `nbytes`), if any.
+    pub fn lora(&self) -> Option<LoraInfo> {
+        self.lora_state().info().cloned()
+    }
+
+    /// How many times the set's values were updated (a LoRA fused, swapped or
+    /// removed): a graph that folded constants from older values folds again.
+    pub fn values_generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 
     /// Every tensor's name, sorted.
@@ -248,6 +354,18 @@ impl WeightsSet {
                 Ok(true)
             }
         }
+    }
+}
+
+impl FuseWeights for WeightsSet {
+    fn torch(&self) -> &Arc<Torch> {
+        &self.torch
+    }
+    fn device(&self) -> Device {
+        self.device
+    }
+    fn entry(&self, name: &str) -> Option<(usize, Dtype, Vec<i64>)> {
+        WeightsSet::entry(self, name).map(|(a, d, s)| (a, d, s.to_vec()))
     }
 }
 
