@@ -247,31 +247,23 @@ def run_json(code: str, args: list[str], env: dict[str, str]) -> dict[str, objec
     return out
 
 
-def run_tests(site: Path, out: Path) -> dict[str, object]:
-    xml = out / "cuda-tests.xml"
+#: Test files that measure the device's memory (``mem_get_info``, device-wide): run alone,
+#: after the others, never beside another worker's allocations.
+MEMORY_FILES = ("test_cuda_weights_once.py",)
+
+
+def _pytest(site: Path, out: Path, name: str, files: list[str], extra: list[str]) -> dict[str, object]:
+    xml = out / f"{name}.xml"
     junit = [f"--junitxml={xml}", "-o", "junit_family=xunit1"]
     t = time.perf_counter()
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-rA",
-            # Every CUDA test file (test_cuda*.py: the suite, the drop-in pipeline,
-            # CUDA graphs, weights once) and the outputs suite.
-            *sorted(str(p) for p in (ROOT / "tests").glob("test_cuda*.py")),
-            str(ROOT / "tests" / "test_outputs.py"),
-            *TEST_FILTER,
-            *junit,
-        ],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", *files, *extra, *junit],
         capture_output=True,
         text=True,
         env=child_env(site),
         cwd=ROOT,
     )
-    (out / "cuda-tests.log").write_text(proc.stdout + proc.stderr)
+    (out / f"{name}.log").write_text(proc.stdout + proc.stderr)
     counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
     if xml.exists():
         suite = ET.parse(xml).getroot()
@@ -281,7 +273,36 @@ def run_tests(site: Path, out: Path) -> dict[str, object]:
         counts["errors"] = int(suite.get("errors", 0))
         counts["skipped"] = int(suite.get("skipped", 0))
         counts["passed"] = tests - counts["failed"] - counts["errors"] - counts["skipped"]
-    return {"returncode": proc.returncode, "seconds": time.perf_counter() - t, **counts}
+    # pytest's 5: nothing collected (a -k that selects none of the files).
+    rc = 0 if proc.returncode == 5 else proc.returncode
+    return {"returncode": rc, "seconds": time.perf_counter() - t, **counts}
+
+
+def run_tests(site: Path, out: Path) -> dict[str, object]:
+    """Every CUDA test file (test_cuda*.py: the suite, the drop-in pipeline, CUDA graphs,
+    weights once) and the outputs suite: the files that measure device memory alone,
+    after the others (which may run on several workers)."""
+    files = [*sorted(str(p) for p in (ROOT / "tests").glob("test_cuda*.py")), str(ROOT / "tests" / "test_outputs.py")]
+    parallel = [f for f in files if Path(f).name not in MEMORY_FILES]
+    alone = [f for f in files if Path(f).name in MEMORY_FILES]
+    serial_filter: list[str] = []
+    skip = 0
+    for arg in TEST_FILTER:
+        if skip:
+            skip -= 1
+            continue
+        if arg in ("-n", "--dist"):
+            skip = 1
+            continue
+        serial_filter.append(arg)
+    first = _pytest(site, out, "cuda-tests", parallel, list(TEST_FILTER))
+    second = _pytest(site, out, "cuda-tests-memory", alone, serial_filter) if alone else None
+    if second is None:
+        return first
+    merged: dict[str, object] = {"returncode": first["returncode"] or second["returncode"], "memory_files": second}
+    for k in ("seconds", "passed", "failed", "errors", "skipped"):
+        merged[k] = first[k] + second[k]  # type: ignore[operator]
+    return merged
 
 
 def bench(
