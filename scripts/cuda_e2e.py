@@ -530,6 +530,11 @@ with torch.no_grad():
     # stream-ordered allocator (what load_native chooses when it opens libtorch first;
     # the torch rows keep the allocator users get by default).
     native_only = len(sys.argv) > 4 and sys.argv[4] == "native"
+    # "autotune": max-autotune against ours at batch 8 only (issue 32's kernel-choice
+    # check; the UNet's autotuning takes minutes, so it runs on its own).
+    autotune_only = len(sys.argv) > 4 and sys.argv[4] == "autotune"
+    if autotune_only:
+        modes = ["max-autotune"]
     out["allocator"] = torch.cuda.get_allocator_backend()
     for mode in [] if native_only else modes:
         runs["compile-" + mode] = torch.compile(model, mode=None if mode == "default" else mode, dynamic=False)
@@ -544,14 +549,15 @@ with torch.no_grad():
     from torch_compiled_graphs.native import find_torch_lib
     out["torch_lib"] = find_torch_lib()
     # The default (CUDA graphs where the native path captures) and the opt-out.
-    for name, options in (("load_native", {}), ("load_native-no-cuda-graphs", {"cuda_graphs": False})):
+    natives = () if autotune_only else (("load_native", {}), ("load_native-no-cuda-graphs", {"cuda_graphs": False}))
+    for name, options in natives:
         try:
             native = graph.load_native(weights, device="cuda:0", **options)
             native.stream = torch.cuda.current_stream().cuda_stream
             runs[name] = native
         except Exception as exc:
             out["errors"][name] = f"{type(exc).__name__}: {exc}"[-2000:]
-    for b in (1, 8):
+    for b in (8,) if autotune_only else (1, 8):
         args = inputs(b)
         row = {}
         firsts = {}
@@ -603,6 +609,22 @@ with torch.no_grad():
             out[name + "_stats"] = attr(runs[name], "stats")
 print(json.dumps(out, default=str))
 """
+
+
+def graphs_autotune(site: Path, work: Path, result: dict[str, object], save: Callable[[], None]) -> None:
+    """``--graphs-autotune``: the UNet at batch 8 against ``torch.compile(mode="max-autotune")``
+    in one child (eager, max-autotune, ours with and without CUDA graphs)."""
+    dest = work / "unet-autotune"
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        argv = ["unet", str(dest), str(ROOT / "scripts"), "autotune"]
+        got = run_json(GRAPHS_CHILD, argv, child_env(site, dest / "cache"))
+        row = got.get("batches", {}).get("8", {})
+        got["ours_over_max_autotune"] = _ratio(row.get("load-cuda-graphs"), row.get("compile-max-autotune"))
+        result["unet_autotune"] = got
+    except Exception as exc:
+        result["unet_autotune"] = {"error": f"{type(exc).__name__}: {exc}"[-4000:]}
+    save()
 
 
 def graphs_bench(site: Path, work: Path, result: dict[str, object], save: Callable[[], None]) -> None:
@@ -1744,6 +1766,9 @@ def main() -> None:
         "--test-workers", type=int, default=0, help="run the suite's files on N pytest-xdist workers (loadfile)"
     )
     parser.add_argument("--graphs", action="store_true", help="benchmark CUDA-graph replay (graphs_bench)")
+    parser.add_argument(
+        "--graphs-autotune", action="store_true", help="the UNet at batch 8 against max-autotune (graphs_autotune)"
+    )
     parser.add_argument("--coldstart", action="store_true", help="run the cold-start benchmark (scripts/coldstart.py)")
     parser.add_argument(
         "--weights-once", action="store_true", help="benchmark weights once and LoRA swaps (weights_once, issue 33)"
@@ -1851,6 +1876,16 @@ def main() -> None:
             print(json.dumps({"graphs": graphs}, indent=1, default=str), flush=True)
             if any(isinstance(v, dict) and "error" in v for v in graphs.values()):
                 report["bench_error"] = "graphs: a model failed (see graphs)"
+        if args.graphs_autotune:
+            tuned: dict[str, object] = {}
+            report["graphs_autotune"] = tuned
+
+            def save_tuned() -> None:
+                (args.out / "cuda-graphs-autotune.json").write_text(json.dumps(tuned, indent=1, default=str))
+                save()
+
+            graphs_autotune(site, Path(tmp) / "graphs", tuned, save_tuned)
+            print(json.dumps({"graphs_autotune": tuned}, indent=1, default=str), flush=True)
         if args.weights_once:
             once: dict[str, Any] = {}
             report["weights_once"] = once
