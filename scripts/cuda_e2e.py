@@ -546,6 +546,7 @@ with torch.no_grad():
     weights = os.path.join(work, "weights.safetensors")
     graph.write_weights(model, weights)
     out["key"], out["weights"] = str(key), weights
+    out["inputs"] = [list(a.shape) for a in inputs(1)]
     from torch_compiled_graphs.native import find_torch_lib
     out["torch_lib"] = find_torch_lib()
     # The default (CUDA graphs where the native path captures) and the opt-out.
@@ -589,12 +590,14 @@ with torch.no_grad():
                 row["load_native_bitwise_equal_to_no-cuda-graphs"] = bool(torch.equal(with_graphs, without))
             except Exception as exc:
                 out["errors"][f"load_native equality@{b}"] = f"{type(exc).__name__}: {exc}"[-2000:]
-        if which == "blocks" and not native_only:
-            # Inputs and expected outputs for the Rust serve example at this batch.
+        if not native_only and not autotune_only:
+            # Inputs (in0, in1, ... in the graph's flat order) and the expected output
+            # for the Rust serve example at this batch.
             try:
                 from safetensors.torch import save_file
-                save_file({"x": args[0].cpu().contiguous(), "y": runs["load"](*args).cpu().contiguous()},
-                          os.path.join(work, f"serve-io-b{b}.safetensors"))
+                io = {f"in{i}": a.cpu().contiguous() for i, a in enumerate(args)}
+                io["y"] = runs["load"](*args).cpu().contiguous()
+                save_file(io, os.path.join(work, f"serve-io-b{b}.safetensors"))
             except Exception as exc:
                 out["errors"][f"serve-io@{b}"] = f"{type(exc).__name__}: {exc}"[-2000:]
         for name in runs:
@@ -633,7 +636,7 @@ def graphs_bench(site: Path, work: Path, result: dict[str, object], save: Callab
     Latencies are medians of 200 calls between CUDA events, in seconds; ``load_native``
     also as wall time of a call and its stream's synchronisation (``*_wall``), the way
     the Rust ``serve`` example (``--serve-bin``) times ``Served``, which runs on the
-    block stack at batch 1 and 8 with CUDA graphs on and off (``blocks.rust_serve``).
+    block stack and the UNet at batch 1 and 8 with CUDA graphs on and off (``<model>.rust_serve``).
     ``result["ratios"]`` holds the goals' ratios (:func:`graphs_ratios`)."""
     result["note"] = (
         "median of 200 calls after 20 warm-up calls, CUDA events around each call after the device went idle; "
@@ -670,14 +673,15 @@ def graphs_bench(site: Path, work: Path, result: dict[str, object], save: Callab
             except Exception as exc:
                 got["native_child"] = {"error": f"{type(exc).__name__}: {exc}"[-4000:]}
             save()
-        if which == "blocks" and isinstance(got, dict) and "key" in got:
+        if isinstance(got, dict) and "key" in got:
             got["rust_serve"] = serve_steady(dest, got) if SERVE_BIN else {"skipped": "no --serve-bin"}
         result["ratios"] = graphs_ratios(result)
         save()
 
 
 def serve_steady(dest: Path, got: dict[str, Any]) -> dict[str, Any]:
-    """The Rust ``serve`` example on the block stack's graph at batch 1 and 8, with
+    """The Rust ``serve`` example on a model's graph (every input from the child's
+    ``serve-io`` file) at batch 1 and 8, with
     ``--cuda-graphs on`` and ``off``: its call latency (wall time of ``Served::run`` and a
     synchronisation, median of 200) over ``load_native``'s measured the same way in the
     benchmark's child (goal <= 1.05). Each cell records its report or its error."""
@@ -694,7 +698,9 @@ def serve_steady(dest: Path, got: dict[str, Any]) -> dict[str, Any]:
                 continue
             argv = [SERVE_BIN[0], "--store", str(dest / "store"), "--key", str(got["key"])]
             argv += ["--dest", str(dest / f"serve-b{b}-{setting}"), "--torch-lib", str(got["torch_lib"])]
-            argv += ["--weights", str(got["weights"]), "--io", str(io), "--in", "x", "--out", "y"]
+            argv += ["--weights", str(got["weights"]), "--io", str(io), "--out", "y"]
+            for i in range(len(got.get("inputs", [])) or 1):
+                argv += ["--in", f"in{i}"]
             argv += ["--device", "cuda:0", "--repeat", "200", "--rtol", "2e-2", "--atol", "2e-2"]
             argv += ["--cuda-graphs", setting]
             try:
