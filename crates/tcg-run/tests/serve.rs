@@ -3,28 +3,15 @@
 //! example, run as its own process), with the input checks and refusals.
 //! The same example runs on a GPU in `scripts/cuda_e2e.py`.
 
+mod common;
+use common::{f32s, fixture, torch_lib, KEY};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tcg_core::engine::Engine;
 use tcg_core::Code;
 use tcg_run::{Device, Input, Served};
-
-const KEY: &str = "cg-key-v1-ddd506362c49696787e3eb3d0e44c08b00a6358015d9004ba1cd363a";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn fixture(name: &str) -> PathBuf {
-    root().join("testdata/reference-0.2.0").join(name)
-}
-
-fn torch_lib() -> PathBuf {
-    std::env::var_os("TCG_TORCH_LIB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/lib/python3.11/site-packages/torch/lib"))
-}
 
 fn store(dir: &Path) -> PathBuf {
     let store = dir.join("store");
@@ -33,13 +20,6 @@ fn store(dir: &Path) -> PathBuf {
         .import_artifact(KEY, &fixture("mlp-cpu.tar.gz"))
         .unwrap();
     store
-}
-
-fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
 }
 
 fn io() -> (Vec<u8>, Vec<u8>) {
