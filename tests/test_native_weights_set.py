@@ -107,6 +107,29 @@ def test_a_native_set_serves_each_components_graph_by_prefix_and_rebinds_a_graph
     refused_binding("run.weights_invalid", resolve_reference(tmp_path / "h").load_native, one, strip_prefix="x.")
 
 
+def test_graphs_of_one_native_set_load_and_run_concurrently(tmp_path: Path) -> None:
+    """A worker starting its buckets on threads of their own (the cold start of several
+    buckets overlaps that way): eight graphs loaded from one set at once, each called
+    at once, five rounds; every output that of a graph bound from the files."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch_compiled_graphs import NativeWeightsSet
+
+    stored = [resolve_reference(tmp_path / f"g{i}") for i in range(8)]
+    weights = NativeWeightsSet(REFERENCE_WEIGHTS)
+    x = _x()
+    want = _out(resolve_reference(tmp_path / "files").load_native(REFERENCE_WEIGHTS), x)
+
+    def bucket(graph: Any) -> Any:
+        return _out(graph.load_native(weights), x)
+
+    for _ in range(5):
+        with ThreadPoolExecutor(len(stored)) as pool:
+            outs = list(pool.map(bucket, stored))
+        for out in outs:
+            np.testing.assert_array_equal(out, want)
+
+
 def test_a_native_set_that_does_not_fit_is_refused_with_the_codes_of_files(tmp_path: Path) -> None:
     from safetensors.numpy import save_file
 
