@@ -129,6 +129,8 @@ def test_a_custom_op_without_a_c_shim_is_listed_refused_natively_and_run_by_load
     want = [{"call": "aoti_torch_proxy_executor_call_function", "count": 1, "target": "tcgtest::twice"}]
     assert graph.mint_record["native"]["unsupported_calls"] == want
     assert graph.native_unsupported_calls == want
+    # The .so imports the proxy executor's entry point from libtorch's C shim (docs/shim.md).
+    assert "aoti_torch_proxy_executor_call_function" in graph.shim_imports["aoti_torch"]
     model = minted["model"]
     weights = tmp_path / "weights.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, weights)

@@ -343,3 +343,31 @@ def test_a_graph_with_a_proxy_executor_call_is_refused_before_loading(tmp_path: 
     # The untouched reference artifact scans clean.
     plain = resolve_reference(tmp_path / "plain")
     assert plain.native_unsupported_calls == [] and plain.mint_record is None
+
+
+def test_the_shim_imports_of_the_reference_so_are_read_without_torch(
+    graph: StoredCompiledGraph, tmp_path: Path
+) -> None:
+    """``shim_imports`` reads the ``.so``'s dynamic symbol table (docs/shim.md): the reference MLP calls
+    23 libtorch C shim functions, one of them op-specific (``aoti_torch_cpu_addmm_out``, its GEMM), and
+    imports nothing else outside glibc, libstdc++ and libgcc_s. Reading it imports no torch."""
+    imports = graph.shim_imports
+    assert sorted(imports) == ["aoti_torch", "other"]
+    assert imports["other"] == []
+    shims = imports["aoti_torch"]
+    assert len(shims) == 23 and shims == sorted(set(shims))
+    assert all(name.startswith("aoti_torch_") for name in shims)
+    for name in ("aoti_torch_cpu_addmm_out", "aoti_torch_empty_strided", "aoti_torch_get_data_ptr"):
+        assert name in shims
+    probe = textwrap.dedent(
+        f"""
+        import sys
+        from torch_compiled_graphs import Engine
+        engine = Engine({str(tmp_path / "store")!r})
+        engine.import_artifact({REFERENCE_KEY!r}, {str(REFERENCE / "mlp-cpu.tar.gz")!r})
+        g = engine.resolve({REFERENCE_KEY!r}, {str(tmp_path / "graph")!r})
+        print(len(g.shim_imports["aoti_torch"]), "torch" in sys.modules)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["23", "False"]

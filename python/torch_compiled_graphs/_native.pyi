@@ -53,6 +53,7 @@ __all__ = [
     "package_native_calls",
     "package_own_cxx_runtime",
     "package_plan_binding",
+    "package_shim_imports",
     "package_weights_contract",
     "prepare_capture_allocator",
     "render_explanation",
@@ -203,6 +204,7 @@ class CheckpointReader:
 
 def package_mint_record(package: str) -> dict[str, Any] | None: ...
 def package_native_calls(package: str) -> list[dict[str, Any]]: ...
+def package_shim_imports(package: str, entry: str | None = None) -> dict[str, list[str]]: ...
 
 @final
 class NativeWeightsSet:

@@ -396,6 +396,21 @@ class StoredCompiledGraph(_Record):
         return record
 
     @property
+    def shim_imports(self) -> dict[str, list[str]]:
+        """What the graph's ``.so`` imports: ``{"aoti_torch": [...], "other": [...]}``.
+
+        Read now from the dynamic symbol table of the verified package's
+        ``.so`` (it is not in the mint record, whose schema refuses new members:
+        docs/shim.md), so a 0.2.0 artifact is covered too. ``aoti_torch`` lists
+        the libtorch C shim functions the compiled code calls; ``other`` every
+        other import that no system library (glibc, the C++ runtime, libgcc_s,
+        the CUDA runtime and driver) provides, for example libtorch C++ API
+        symbols. Both sorted. Imports no torch.
+        """
+        imports: dict[str, list[str]] = _native.package_shim_imports(os.fspath(self.package), self.graph_class)
+        return imports
+
+    @property
     def native_unsupported_calls(self) -> list[dict[str, Any]]:
         """Calls of the compiled code the native path cannot make (``[{call, count, target}]``).
 

@@ -25,6 +25,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(package_own_cxx_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(package_mint_record, m)?)?;
     m.add_function(wrap_pyfunction!(package_native_calls, m)?)?;
+    m.add_function(wrap_pyfunction!(package_shim_imports, m)?)?;
     m.add("ENVELOPE_FILE_NAME", artifact::ENVELOPE_FILE_NAME)?;
     m.add("METADATA_MEMBER", artifact::METADATA_MEMBER)?;
     m.add("PACKAGE_MEMBER", artifact::PACKAGE_MEMBER)?;
@@ -269,4 +270,25 @@ fn package_native_calls(py: Python<'_>, package: PathBuf) -> PyResult<Bound<'_, 
         .detach(|| artifact::package::package_native_calls(&package))
         .py()?;
     from_value(py, &artifact::package::native_calls::calls_value(&calls))
+}
+
+/// What the entry's `.so` imports, read from its dynamic symbol table now:
+/// `{"aoti_torch": [...], "other": [...]}`, each sorted (the libtorch C shim
+/// functions, and every other import no system library provides). `entry`
+/// `None` takes the package's only entry.
+#[pyfunction]
+#[pyo3(signature = (package, entry=None))]
+fn package_shim_imports(
+    py: Python<'_>,
+    package: PathBuf,
+    entry: Option<String>,
+) -> PyResult<Bound<'_, PyAny>> {
+    let imports = py
+        .detach(|| artifact::package::shim_imports(&package, entry.as_deref()))
+        .py()?;
+    let list = |v: Vec<String>| Value::Array(v.into_iter().map(Value::Str).collect());
+    let mut out = Map::new();
+    out.insert("aoti_torch".into(), list(imports.aoti_torch));
+    out.insert("other".into(), list(imports.other));
+    from_value(py, &Value::Object(out))
 }

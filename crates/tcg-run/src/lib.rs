@@ -29,6 +29,7 @@ pub mod lora;
 pub mod lora_fuse;
 pub mod pipeline;
 pub mod serve;
+pub mod shim_set;
 mod stdmap;
 pub mod torch;
 mod warm;

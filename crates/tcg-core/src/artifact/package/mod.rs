@@ -11,6 +11,7 @@ pub mod elf;
 pub mod loadable;
 pub mod mint_record;
 pub mod native_calls;
+pub mod shim_imports;
 pub mod wrapper;
 
 use std::cell::Cell;
@@ -652,6 +653,34 @@ pub fn own_cxx_runtime(path: &Path, entry: &str) -> Result<Vec<String>> {
         cxx_runtime::runtime_definitions(&mut &bytes[..])
     } else {
         cxx_runtime::runtime_definitions(&mut loadable::StreamRanges {
+            size,
+            reopen: &mut |f| pkg.stream(&so, f),
+        })
+    };
+    found.map_err(|e| {
+        if e.code() == Code::ArtifactElfInvalid {
+            e.context(format_args!("{PACKAGE_PREFIX}: {so}"))
+        } else {
+            e
+        }
+    })
+}
+
+/// The imports of the entry's `.so` of the package at `path`
+/// ([`shim_imports::dynamic_imports`]): the libtorch C shim functions it
+/// calls (`aoti_torch_*`) and every other undefined symbol no system library
+/// provides. `entry` `None` takes the package's only entry. The `.so` is read
+/// in memory up to [`ELF_IN_MEMORY_MAX`], else as a stream, in bounded memory.
+pub fn shim_imports(path: &Path, entry: Option<&str>) -> Result<shim_imports::ShimImports> {
+    let mut pkg = Package::open(path)?;
+    let members = pkg.entry_members(entry)?;
+    let so = members.shared_object;
+    let size = pkg.bounded_size(&so, crate::artifact::MAX_PACKAGE_BYTES)?;
+    let found = if size <= ELF_IN_MEMORY_MAX {
+        let bytes = pkg.read(&so)?;
+        shim_imports::dynamic_imports(&mut &bytes[..])
+    } else {
+        shim_imports::dynamic_imports(&mut loadable::StreamRanges {
             size,
             reopen: &mut |f| pkg.stream(&so, f),
         })
