@@ -42,7 +42,12 @@ pub trait Allocator: Send + Sync {
     /// Allocates `nbytes` (> 0) on `device`, ordered on `stream` for
     /// stream-ordered allocators. The block must be aligned to at least 64
     /// bytes (what c10 guarantees and generated kernels assume for vector loads).
-    fn allocate(&self, nbytes: usize, device: Device, stream: Stream) -> Result<*mut c_void, ShimError>;
+    fn allocate(
+        &self,
+        nbytes: usize,
+        device: Device,
+        stream: Stream,
+    ) -> Result<*mut c_void, ShimError>;
 
     /// Returns a block to the allocator.
     ///
@@ -73,7 +78,12 @@ impl HostAllocator {
 }
 
 impl Allocator for HostAllocator {
-    fn allocate(&self, nbytes: usize, device: Device, _stream: Stream) -> Result<*mut c_void, ShimError> {
+    fn allocate(
+        &self,
+        nbytes: usize,
+        device: Device,
+        _stream: Stream,
+    ) -> Result<*mut c_void, ShimError> {
         if nbytes == 0 {
             return Err(ShimError::InvalidArgument {
                 detail: "zero-byte allocation requested from the host allocator".to_string(),

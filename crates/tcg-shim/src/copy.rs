@@ -13,12 +13,20 @@ use crate::tensor::Tensor;
 pub fn copy_host(dst: &Tensor, src: &Tensor) -> Result<(), ShimError> {
     if dst.dtype() != src.dtype() {
         return Err(ShimError::CopyMismatch {
-            detail: format!("dtype {:?} into {:?} (no conversion)", src.dtype(), dst.dtype()),
+            detail: format!(
+                "dtype {:?} into {:?} (no conversion)",
+                src.dtype(),
+                dst.dtype()
+            ),
         });
     }
     if dst.sizes() != src.sizes() {
         return Err(ShimError::CopyMismatch {
-            detail: format!("sizes {:?} into {:?} (no broadcasting)", src.sizes(), dst.sizes()),
+            detail: format!(
+                "sizes {:?} into {:?} (no broadcasting)",
+                src.sizes(),
+                dst.sizes()
+            ),
         });
     }
     for t in [dst, src] {
@@ -50,11 +58,19 @@ pub fn copy_host(dst: &Tensor, src: &Tensor) -> Result<(), ShimError> {
         for (i, off) in src.element_byte_offsets().enumerate() {
             // SAFETY: `off` is an element's offset inside `src`'s checked
             // bounds; `tmp` has room for `numel` elements.
-            unsafe { std::ptr::copy_nonoverlapping(src_base.add(off), tmp.as_mut_ptr().add(i * item), item) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src_base.add(off),
+                    tmp.as_mut_ptr().add(i * item),
+                    item,
+                )
+            };
         }
         for (i, off) in dst.element_byte_offsets().enumerate() {
             // SAFETY: as above for `dst`; `tmp` is a separate allocation.
-            unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr().add(i * item), dst_base.add(off), item) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(tmp.as_ptr().add(i * item), dst_base.add(off), item)
+            };
         }
     } else {
         for (d, s) in dst.element_byte_offsets().zip(src.element_byte_offsets()) {
@@ -72,7 +88,12 @@ fn byte_spans_overlap(a: &Tensor, b: &Tensor) -> bool {
     let span = |t: &Tensor| {
         let item = t.dtype().element_size();
         let start = t.data_ptr() as usize;
-        let last: i64 = t.sizes().iter().zip(t.strides()).map(|(&n, &s)| (n - 1) * s).sum();
+        let last: i64 = t
+            .sizes()
+            .iter()
+            .zip(t.strides())
+            .map(|(&n, &s)| (n - 1) * s)
+            .sum();
         (start, start + (last as usize + 1) * item)
     };
     let (a0, a1) = span(a);

@@ -169,11 +169,12 @@ impl Device {
 
     /// Validates a (type, index) pair from the C ABI.
     pub fn from_codes(device_type: i32, device_index: i32) -> Result<Device, ShimError> {
-        let kind = DeviceType::from_code(device_type).map_err(|_| ShimError::UnsupportedDevice {
-            device_type,
-            device_index,
-            reason: "unknown device type",
-        })?;
+        let kind =
+            DeviceType::from_code(device_type).map_err(|_| ShimError::UnsupportedDevice {
+                device_type,
+                device_index,
+                reason: "unknown device type",
+            })?;
         if device_index < -1 {
             return Err(ShimError::UnsupportedDevice {
                 device_type,
@@ -217,7 +218,13 @@ mod tests {
     fn device_index_below_minus_one_is_refused() {
         assert!(Device::from_codes(0, -1).is_ok());
         assert!(Device::from_codes(1, 3).is_ok());
-        assert_eq!(Device::from_codes(1, -2).unwrap_err().code(), "shim.unsupported_device");
-        assert_eq!(Device::from_codes(14, 0).unwrap_err().code(), "shim.unsupported_device");
+        assert_eq!(
+            Device::from_codes(1, -2).unwrap_err().code(),
+            "shim.unsupported_device"
+        );
+        assert_eq!(
+            Device::from_codes(14, 0).unwrap_err().code(),
+            "shim.unsupported_device"
+        );
     }
 }

@@ -202,7 +202,10 @@ mod tests {
             AOTI_TORCH_FAILURE
         );
         assert_eq!(guard("f", || Ok(())), AOTI_TORCH_SUCCESS);
-        assert_eq!(last_error_message().unwrap(), "shim.null_pointer: null pointer passed as x");
+        assert_eq!(
+            last_error_message().unwrap(),
+            "shim.null_pointer: null pointer passed as x"
+        );
         assert!(take_last_error().is_some());
         assert!(last_error().is_none());
     }

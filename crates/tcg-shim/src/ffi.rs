@@ -232,7 +232,10 @@ pub unsafe extern "C" fn aoti_torch_create_tensor_from_blob_v2(
     opaque_metadata: *const u8,
     opaque_metadata_size: i64,
 ) -> AotiTorchError {
-    if layout != aoti_torch_layout_strided() || !opaque_metadata.is_null() || opaque_metadata_size != 0 {
+    if layout != aoti_torch_layout_strided()
+        || !opaque_metadata.is_null()
+        || opaque_metadata_size != 0
+    {
         return guard("aoti_torch_create_tensor_from_blob_v2", || {
             Err(ShimError::InvalidArgument {
                 detail: format!(
@@ -292,8 +295,12 @@ pub unsafe extern "C" fn aoti_torch_empty_strided(
 ///
 /// None beyond the C contract: any value is checked against the live handles.
 #[no_mangle]
-pub unsafe extern "C" fn aoti_torch_delete_tensor_object(tensor: AtenTensorHandle) -> AotiTorchError {
-    guard("aoti_torch_delete_tensor_object", || delete_handle(tensor, "tensor"))
+pub unsafe extern "C" fn aoti_torch_delete_tensor_object(
+    tensor: AtenTensorHandle,
+) -> AotiTorchError {
+    guard("aoti_torch_delete_tensor_object", || {
+        delete_handle(tensor, "tensor")
+    })
 }
 
 /// A new handle aliasing the same view (shares storage and metadata).
@@ -336,7 +343,13 @@ pub unsafe extern "C" fn aoti_torch__reinterpret_tensor(
         // SAFETY: forwarded caller contract on the arrays.
         let (sizes, strides) = unsafe { read_shape(ndim, sizes_ptr, strides_ptr) }?;
         let view = with_tensor(self_, "self", |t| {
-            Tensor::view(t.storage().clone(), sizes, strides, storage_offset, t.dtype())
+            Tensor::view(
+                t.storage().clone(),
+                sizes,
+                strides,
+                storage_offset,
+                t.dtype(),
+            )
         })?;
         // SAFETY: non-null (checked) and writable by contract.
         unsafe { write_out(ret_new_tensor, "ret_new_tensor", new_handle(view)) }
@@ -433,7 +446,11 @@ fn dim_index(t: &Tensor, d: i64) -> Result<usize, ShimError> {
 ///
 /// `ret_size` must be writable when non-null.
 #[no_mangle]
-pub unsafe extern "C" fn aoti_torch_get_size(tensor: AtenTensorHandle, d: i64, ret_size: *mut i64) -> AotiTorchError {
+pub unsafe extern "C" fn aoti_torch_get_size(
+    tensor: AtenTensorHandle,
+    d: i64,
+    ret_size: *mut i64,
+) -> AotiTorchError {
     guard("aoti_torch_get_size", || {
         check_out(ret_size, "ret_size")?;
         let v = with_tensor(tensor, "tensor", |t| Ok(t.sizes()[dim_index(t, d)?]))?;
@@ -474,7 +491,9 @@ pub unsafe extern "C" fn aoti_torch_copy_(
     non_blocking: i32,
 ) -> AotiTorchError {
     let _ = non_blocking;
-    guard("aoti_torch_copy_", || with_tensors(self_, "self", src, "src", copy_host))
+    guard("aoti_torch_copy_", || {
+        with_tensors(self_, "self", src, "src", copy_host)
+    })
 }
 
 /// A new tensor with its own storage and `self_`'s values (strides kept when
@@ -484,7 +503,10 @@ pub unsafe extern "C" fn aoti_torch_copy_(
 ///
 /// `ret` must be writable when non-null.
 #[no_mangle]
-pub unsafe extern "C" fn aoti_torch_clone(self_: AtenTensorHandle, ret: *mut AtenTensorHandle) -> AotiTorchError {
+pub unsafe extern "C" fn aoti_torch_clone(
+    self_: AtenTensorHandle,
+    ret: *mut AtenTensorHandle,
+) -> AotiTorchError {
     guard("aoti_torch_clone", || {
         check_out(ret, "ret")?;
         let out = with_tensor(self_, "self", clone_host)?;

@@ -38,7 +38,11 @@ pub fn new_handle(tensor: Tensor) -> AtenTensorHandle {
     ptr
 }
 
-fn check(live: &BTreeSet<usize>, handle: AtenTensorHandle, arg: &'static str) -> Result<(), ShimError> {
+fn check(
+    live: &BTreeSet<usize>,
+    handle: AtenTensorHandle,
+    arg: &'static str,
+) -> Result<(), ShimError> {
     if handle.is_null() {
         return Err(ShimError::NullPointer { arg });
     }

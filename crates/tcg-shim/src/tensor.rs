@@ -104,7 +104,11 @@ impl Drop for Storage {
             // SAFETY: `ptr` came from `owner.allocator.allocate(nbytes, device,
             // stream)` in `Storage::allocate`, and this is the last reference
             // (we are in `Drop` of the value inside the last `Arc`).
-            unsafe { owner.allocator.free(self.ptr, self.nbytes, self.device, owner.stream) };
+            unsafe {
+                owner
+                    .allocator
+                    .free(self.ptr, self.nbytes, self.device, owner.stream)
+            };
         }
     }
 }
@@ -296,7 +300,11 @@ impl Tensor {
         let byte_offset = self.storage_offset as usize * self.dtype.element_size();
         // wrapping_add: an empty view over a zero-byte storage has a null base;
         // its address is never dereferenced.
-        self.storage.ptr().cast::<u8>().wrapping_add(byte_offset).cast()
+        self.storage
+            .ptr()
+            .cast::<u8>()
+            .wrapping_add(byte_offset)
+            .cast()
     }
 
     /// Whether the strides are the row-major ones (dimensions of size 1
