@@ -6,6 +6,11 @@
 //! Needs torch's headers (`TCG_TORCH_INCLUDE`, else the workspace's `.venv`)
 //! and a C++ compiler (`CXX`, else `c++`); without them the test says so on
 //! stderr and passes.
+//!
+//! It loads `target/<profile>/deps/libtcg_shim.so`, whose name carries no
+//! hash: a `cargo build` and a `cargo test` of different sources can leave a
+//! stale one there (seen while mutation-testing this crate); `cargo clean -p
+//! tcg-shim` clears it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
