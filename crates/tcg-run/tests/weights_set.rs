@@ -6,7 +6,7 @@
 //! from files.
 
 mod common;
-use common::{f32s, fixture, torch_lib, KEY};
+use common::{f32s, fixture, torch_lib, write_f32, KEY};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,27 +23,6 @@ fn resolved(store: &Path, dir: &Path, name: &str) -> tcg_core::engine::Resolved 
         .resolve(KEY, &dir.join(name))
         .unwrap()
         .expect("the key is in the store")
-}
-
-/// A safetensors file of float32 tensors `(name, shape, values)`.
-fn write(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
-    let mut parts = Vec::new();
-    let mut data = Vec::new();
-    for (name, shape, values) in tensors {
-        let at = data.len();
-        for v in values {
-            data.extend_from_slice(&v.to_le_bytes());
-        }
-        parts.push(format!(
-            r#""{name}":{{"dtype":"F32","shape":{shape:?},"data_offsets":[{at},{}]}}"#,
-            data.len()
-        ));
-    }
-    let header = format!("{{{}}}", parts.join(","));
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
-    bytes.extend_from_slice(&data);
-    std::fs::write(path, bytes).unwrap();
 }
 
 /// The reference weights, as `(name, shape, values)`.
@@ -98,7 +77,7 @@ fn two_graphs_share_one_set_and_drop_in_any_order() {
         .iter()
         .map(|(n, s, v)| (n.as_str(), s.clone(), v.clone()))
         .collect();
-    write(&p, &refs);
+    write_f32(&p, &refs, None);
     let naming = Naming {
         strip_prefix: "mlp.".into(),
         add_prefix: String::new(),
@@ -186,7 +165,7 @@ fn two_graphs_share_one_set_and_drop_in_any_order() {
     // of a bind from files, and the bound weights stay in place.
     tensors[3].1 = vec![32, 8];
     let p = dir.path().join("wrong.safetensors");
-    write(&p, &tensors);
+    write_f32(&p, &tensors, None);
     let wrong = set_of(&p, &Naming::default()).unwrap();
     let err = b.rebind_set(&wrong).unwrap_err();
     assert_eq!(err.code(), Code::RunConstantMismatch, "{err}");
@@ -195,7 +174,7 @@ fn two_graphs_share_one_set_and_drop_in_any_order() {
     let err = Served::load_with_set(resolved(&store, dir.path(), "c"), &wrong).unwrap_err();
     assert_eq!(err.code(), Code::RunConstantMismatch, "{err}");
     let p = dir.path().join("missing.safetensors");
-    write(&p, &tensors[..3]);
+    write_f32(&p, &tensors[..3], None);
     let err = b
         .rebind_set(&set_of(&p, &Naming::default()).unwrap())
         .unwrap_err();
@@ -203,7 +182,7 @@ fn two_graphs_share_one_set_and_drop_in_any_order() {
     let mut foreign = reference();
     foreign.push(("other.w", vec![3], vec![1.0, 2.0, 3.0]));
     let p = dir.path().join("foreign.safetensors");
-    write(&p, &foreign);
+    write_f32(&p, &foreign, None);
     let err = b
         .rebind_set(&set_of(&p, &Naming::default()).unwrap())
         .unwrap_err();

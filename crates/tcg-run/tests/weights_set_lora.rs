@@ -5,9 +5,8 @@
 //! refused LoRAs change nothing.
 
 mod common;
-use common::{f32s, fixture, torch_lib, KEY};
+use common::{f32s, fixture, torch_lib, write_f32, KEY};
 
-use std::path::Path;
 use std::sync::Arc;
 
 use tcg_core::engine::Engine;
@@ -16,32 +15,6 @@ use tcg_run::weights::{Checkpoint, Naming};
 use tcg_run::{Served, WeightsSet};
 
 type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
-
-/// A safetensors file of float32 tensors, with optional header metadata.
-fn write(path: &Path, tensors: &Tensors, metadata: Option<&str>) {
-    let mut parts = Vec::new();
-    let mut data = Vec::new();
-    if let Some(m) = metadata {
-        parts.push(format!(
-            r#""__metadata__":{{"lora_adapter_metadata":{m:?}}}"#
-        ));
-    }
-    for (name, shape, values) in tensors {
-        let at = data.len();
-        for v in values {
-            data.extend_from_slice(&v.to_le_bytes());
-        }
-        parts.push(format!(
-            r#""{name}":{{"dtype":"F32","shape":{shape:?},"data_offsets":[{at},{}]}}"#,
-            data.len()
-        ));
-    }
-    let header = format!("{{{}}}", parts.join(","));
-    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
-    bytes.extend_from_slice(header.as_bytes());
-    bytes.extend_from_slice(&data);
-    std::fs::write(path, bytes).unwrap();
-}
 
 fn reference() -> Tensors {
     let c = Checkpoint::open(
@@ -155,7 +128,7 @@ fn a_lora_on_a_set_reaches_every_graph_and_its_folds_and_is_removed_bit_for_bit(
     // LoRA A on both layers (alpha 4, rank 2: x2, at scale 0.5: x1).
     let la = lora(&[("l1", 32, 16), ("l2", 8, 32)], 2, 1.0);
     let pa = dir.path().join("a.safetensors");
-    write(&pa, &la, Some(r#"{"unet.r": 2, "unet.lora_alpha": 4}"#));
+    write_f32(&pa, &la, Some(r#"{"unet.r": 2, "unet.lora_alpha": 4}"#));
     set.apply_lora(&pa, 0.5, None, Some("a".into())).unwrap();
     let info = set.lora().unwrap();
     assert_eq!(info.name.as_deref(), Some("a"));
@@ -164,7 +137,7 @@ fn a_lora_on_a_set_reaches_every_graph_and_its_folds_and_is_removed_bit_for_bit(
     assert_eq!(info.nbytes, 4 * (2 * 16 + 32 * 2 + 2 * 32 + 8 * 2));
     assert_eq!(set.nbytes(), held + 4 * (32 * 16 + 8 * 32));
     let want_a = dir.path().join("fused-a.safetensors");
-    write(&want_a, &fused(&la, 1.0), None);
+    write_f32(&want_a, &fused(&la, 1.0), None);
     let from_files = Served::load(resolved("files"), &torch_lib(), "cpu", &want_a).unwrap();
     let expected = run(&from_files, &x);
     assert_ne!(expected, before);
@@ -176,9 +149,9 @@ fn a_lora_on_a_set_reaches_every_graph_and_its_folds_and_is_removed_bit_for_bit(
     let err = set.apply_lora(&pa, 1.0, None, None).unwrap_err();
     assert_eq!(err.code(), Code::RunLoraInvalid);
     let wrong = dir.path().join("wrong.safetensors");
-    write(&wrong, &lora(&[("l1", 9, 16)], 2, 3.0), None);
+    write_f32(&wrong, &lora(&[("l1", 9, 16)], 2, 3.0), None);
     let unknown = dir.path().join("unknown.safetensors");
-    write(&unknown, &lora(&[("l3", 8, 8)], 2, 3.0), None);
+    write_f32(&unknown, &lora(&[("l3", 8, 8)], 2, 3.0), None);
     for bad in [&wrong, &unknown] {
         let err = set.replace_lora(bad, 1.0, None, None).unwrap_err();
         assert_eq!(err.code(), Code::RunLoraInvalid, "{err}");
@@ -190,11 +163,11 @@ fn a_lora_on_a_set_reaches_every_graph_and_its_folds_and_is_removed_bit_for_bit(
     // Replaced by a LoRA on l1 only: l2 back to base, from the base values.
     let lb = lora(&[("l1", 32, 16)], 4, 5.0);
     let pb = dir.path().join("b.safetensors");
-    write(&pb, &lb, None);
+    write_f32(&pb, &lb, None);
     set.replace_lora(&pb, 2.0, Some("unet."), None).unwrap();
     assert_eq!(set.lora().unwrap().targets, ["l1.weight"]);
     let want_b = dir.path().join("fused-b.safetensors");
-    write(&want_b, &fused(&lb, 2.0), None);
+    write_f32(&want_b, &fused(&lb, 2.0), None);
     from_files.rebind(&want_b).unwrap();
     assert_close(&run(&b, &x), &run(&from_files, &x));
     assert_close(&run(&a, &x), &run(&from_files, &x));

@@ -31,3 +31,35 @@ pub fn f32s(bytes: &[u8]) -> Vec<f32> {
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
+
+/// A safetensors file of float32 tensors `(name, shape, values)`, with
+/// optional `lora_adapter_metadata` in its header.
+pub fn write_f32<N: AsRef<str>>(
+    path: &Path,
+    tensors: &[(N, Vec<usize>, Vec<f32>)],
+    metadata: Option<&str>,
+) {
+    let mut parts = Vec::new();
+    let mut data = Vec::new();
+    if let Some(m) = metadata {
+        parts.push(format!(
+            r#""__metadata__":{{"lora_adapter_metadata":{m:?}}}"#
+        ));
+    }
+    for (name, shape, values) in tensors {
+        let name = name.as_ref();
+        let at = data.len();
+        for v in values {
+            data.extend_from_slice(&v.to_le_bytes());
+        }
+        parts.push(format!(
+            r#""{name}":{{"dtype":"F32","shape":{shape:?},"data_offsets":[{at},{}]}}"#,
+            data.len()
+        ));
+    }
+    let header = format!("{{{}}}", parts.join(","));
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&data);
+    std::fs::write(path, bytes).unwrap();
+}

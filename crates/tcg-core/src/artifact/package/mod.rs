@@ -644,15 +644,26 @@ pub fn needed_libraries(path: &Path, entry: &str) -> Result<Vec<String>> {
 /// its own (a compiler that links libstdc++ statically). The `.so` is read in
 /// memory up to [`ELF_IN_MEMORY_MAX`], else as a stream, in bounded memory.
 pub fn own_cxx_runtime(path: &Path, entry: &str) -> Result<Vec<String>> {
+    read_entry_so(path, Some(entry), cxx_runtime::runtime_definitions)
+}
+
+/// Run `read` over the entry's `.so` of the package at `path` (`entry` `None`:
+/// the only one): in memory up to [`ELF_IN_MEMORY_MAX`], else as a stream in
+/// bounded memory; an invalid ELF names the member.
+fn read_entry_so<T>(
+    path: &Path,
+    entry: Option<&str>,
+    read: fn(&mut dyn loadable::Ranges) -> Result<T>,
+) -> Result<T> {
     let mut pkg = Package::open(path)?;
-    let members = pkg.entry_members(Some(entry))?;
+    let members = pkg.entry_members(entry)?;
     let so = members.shared_object;
     let size = pkg.bounded_size(&so, crate::artifact::MAX_PACKAGE_BYTES)?;
     let found = if size <= ELF_IN_MEMORY_MAX {
         let bytes = pkg.read(&so)?;
-        cxx_runtime::runtime_definitions(&mut &bytes[..])
+        read(&mut &bytes[..])
     } else {
-        cxx_runtime::runtime_definitions(&mut loadable::StreamRanges {
+        read(&mut loadable::StreamRanges {
             size,
             reopen: &mut |f| pkg.stream(&so, f),
         })
@@ -672,26 +683,7 @@ pub fn own_cxx_runtime(path: &Path, entry: &str) -> Result<Vec<String>> {
 /// provides. `entry` `None` takes the package's only entry. The `.so` is read
 /// in memory up to [`ELF_IN_MEMORY_MAX`], else as a stream, in bounded memory.
 pub fn shim_imports(path: &Path, entry: Option<&str>) -> Result<shim_imports::ShimImports> {
-    let mut pkg = Package::open(path)?;
-    let members = pkg.entry_members(entry)?;
-    let so = members.shared_object;
-    let size = pkg.bounded_size(&so, crate::artifact::MAX_PACKAGE_BYTES)?;
-    let found = if size <= ELF_IN_MEMORY_MAX {
-        let bytes = pkg.read(&so)?;
-        shim_imports::dynamic_imports(&mut &bytes[..])
-    } else {
-        shim_imports::dynamic_imports(&mut loadable::StreamRanges {
-            size,
-            reopen: &mut |f| pkg.stream(&so, f),
-        })
-    };
-    found.map_err(|e| {
-        if e.code() == Code::ArtifactElfInvalid {
-            e.context(format_args!("{PACKAGE_PREFIX}: {so}"))
-        } else {
-            e
-        }
-    })
+    read_entry_so(path, entry, shim_imports::dynamic_imports)
 }
 
 /// [`own_cxx_runtime`] for a load: a package it cannot read is
