@@ -639,11 +639,7 @@ impl Graph {
         caller: usize,
         own: usize,
     ) -> Result<Vec<OwnedTensor>> {
-        let outs = entry
-            .outputs
-            .iter()
-            .map(|o| OwnedTensor::empty(&self.torch, o.sizes(), o.dtype(), self.device, caller))
-            .collect::<Result<Vec<_>>>()?;
+        let outs = self.fresh_outputs(entry, caller)?;
         // The inputs' producers and the new outputs' allocation come first.
         cuda.order_streams(caller, own)?;
         for (input, dst) in inputs.iter().zip(&entry.inputs) {
@@ -657,12 +653,19 @@ impl Graph {
             unsafe { (api.launch)(entry.exec as *mut c_void, own as *mut c_void) },
             "cudaGraphLaunch",
         )?;
-        for (src, dst) in entry.outputs.iter().zip(&outs) {
-            // SAFETY: same shape and dtype, both on the graph's device.
-            unsafe { copy(cuda, api, dst.data_ptr(), src.data_ptr(), src.nbytes(), own) }?;
-        }
+        // SAFETY: `outs` were made from `entry`'s outputs.
+        unsafe { copy_outputs(cuda, api, entry, &outs, own) }?;
         cuda.order_streams(own, caller)?;
         Ok(outs)
+    }
+
+    /// New tensors, allocated on `caller`, shaped as `entry`'s outputs.
+    fn fresh_outputs(&self, entry: &Entry, caller: usize) -> Result<Vec<OwnedTensor>> {
+        entry
+            .outputs
+            .iter()
+            .map(|o| OwnedTensor::empty(&self.torch, o.sizes(), o.dtype(), self.device, caller))
+            .collect()
     }
 
     /// Capture the call of `inputs`' shape set: static inputs filled, one
@@ -777,16 +780,10 @@ impl Graph {
                 unsafe { (api.launch)(exec, own as *mut c_void) },
                 "cudaGraphLaunch",
             )?;
-            let outs = entry
-                .outputs
-                .iter()
-                .map(|o| OwnedTensor::empty(&self.torch, o.sizes(), o.dtype(), self.device, caller))
-                .collect::<Result<Vec<_>>>()?;
+            let outs = self.fresh_outputs(&entry, caller)?;
             cuda.order_streams(caller, own)?;
-            for (src, dst) in entry.outputs.iter().zip(&outs) {
-                // SAFETY: same shape and dtype, both on the graph's device.
-                unsafe { copy(cuda, api, dst.data_ptr(), src.data_ptr(), src.nbytes(), own) }?;
-            }
+            // SAFETY: `outs` were made from `entry`'s outputs.
+            unsafe { copy_outputs(cuda, api, &entry, &outs, own) }?;
             cuda.order_streams(own, caller)?;
             Ok(outs)
         })();
@@ -799,6 +796,33 @@ impl Graph {
             }
         }
     }
+}
+
+/// Copy `entry`'s static outputs into `outs` on `stream`.
+///
+/// # Safety
+/// `outs` match `entry.outputs` one for one in shape and dtype, on its device.
+unsafe fn copy_outputs(
+    cuda: &Cuda,
+    api: &GraphApi,
+    entry: &Entry,
+    outs: &[OwnedTensor],
+    stream: usize,
+) -> Result<()> {
+    for (src, dst) in entry.outputs.iter().zip(outs) {
+        // SAFETY: same shape and dtype (the caller's contract), same device.
+        unsafe {
+            copy(
+                cuda,
+                api,
+                dst.data_ptr(),
+                src.data_ptr(),
+                src.nbytes(),
+                stream,
+            )
+        }?;
+    }
+    Ok(())
 }
 
 /// `cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream)`.
