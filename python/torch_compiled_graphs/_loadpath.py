@@ -165,6 +165,28 @@ def capture_count(value: object, name: str) -> int:
     return value
 
 
+def capture_options(
+    cuda_graphs: object, max_captures: object, environ: Mapping[str, str] = os.environ
+) -> tuple[int, str | None]:
+    """``(max_captures, reason_off)`` from the arguments, else the environment: an
+    argument wins over its variable, an invalid value of either is
+    ``run.option_invalid``; ``reason_off`` says why captures are off by option or
+    environment (``None`` where they are wanted). Every load path decides this way."""
+    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+        raise BindingError(f"cuda_graphs must be True or False, got {cuda_graphs!r}", "run.option_invalid")
+    if max_captures is None:
+        env_max = environ.get(ENV_MAX_CAPTURES, "").strip()
+        count = capture_count(env_max, ENV_MAX_CAPTURES) if env_max else MAX_CAPTURES
+    else:
+        count = capture_count(max_captures, "max_captures")
+    if cuda_graphs is None:
+        if flag(environ.get(ENV_CUDA_GRAPHS, ""), ENV_CUDA_GRAPHS) is False:
+            return count, f"{ENV_CUDA_GRAPHS} is off"
+    elif not cuda_graphs:
+        return count, "cuda_graphs=False"
+    return count, None
+
+
 # ----------------------------------------------------------------- tree specs
 
 

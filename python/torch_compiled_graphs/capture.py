@@ -37,9 +37,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 # The options both load paths read (cuda_graphs, max_captures and their variables).
-from ._loadpath import ENV_CUDA_GRAPHS, ENV_MAX_CAPTURES, MAX_CAPTURES
-from ._loadpath import capture_count as _count
-from ._loadpath import flag as _flag
+from ._loadpath import ENV_CUDA_GRAPHS, ENV_MAX_CAPTURES, MAX_CAPTURES, capture_options
 from .errors import BindingError
 
 if TYPE_CHECKING:
@@ -465,20 +463,9 @@ def plan(
         raise BindingError(
             f"cuda_graph_outputs must be one of {list(OUTPUT_MODES)}, got {outputs!r}", "run.option_invalid"
         )
-    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
-        raise BindingError(f"cuda_graphs must be True or False, got {cuda_graphs!r}", "run.option_invalid")
-    if max_captures is None:
-        env_max = environ.get(ENV_MAX_CAPTURES, "").strip()
-        count = _count(env_max, ENV_MAX_CAPTURES) if env_max else MAX_CAPTURES
-    else:
-        count = _count(max_captures, "max_captures")
-    wanted = cuda_graphs
-    if wanted is None:
-        wanted = _flag(environ.get(ENV_CUDA_GRAPHS, ""), ENV_CUDA_GRAPHS)
-        if wanted is False:
-            return None, count, f"{ENV_CUDA_GRAPHS} is off", False
-    elif not wanted:
-        return None, count, "cuda_graphs=False", False
+    count, off = capture_options(cuda_graphs, max_captures, environ)
+    if off is not None:
+        return None, count, off, False
     if backend is None and device.type != "cuda":
         return None, count, f"a {device.type} graph has no CUDA graphs", False
     if count == 0:

@@ -394,22 +394,11 @@ _ALLOC_CONF = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 def _capture_options(cuda_graphs: object, max_captures: object) -> tuple[bool, int, str | None]:
     """``(wanted, max_captures, reason_off)`` from the arguments, else the environment
     (the variables and rules of ``load()``, :mod:`torch_compiled_graphs.capture`)."""
-    from ._loadpath import ENV_CUDA_GRAPHS, ENV_MAX_CAPTURES, MAX_CAPTURES
-    from ._loadpath import capture_count as _count
-    from ._loadpath import flag as _flag
+    from ._loadpath import capture_options
 
-    if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
-        raise BindingError(f"cuda_graphs must be True or False, got {cuda_graphs!r}", "run.option_invalid")
-    if max_captures is None:
-        env_max = os.environ.get(ENV_MAX_CAPTURES, "").strip()
-        count = _count(env_max, ENV_MAX_CAPTURES) if env_max else MAX_CAPTURES
-    else:
-        count = _count(max_captures, "max_captures")
-    if cuda_graphs is None:
-        if _flag(os.environ.get(ENV_CUDA_GRAPHS, ""), ENV_CUDA_GRAPHS) is False:
-            return False, count, f"{ENV_CUDA_GRAPHS} is off"
-    elif not cuda_graphs:
-        return False, count, "cuda_graphs=False"
+    count, off = capture_options(cuda_graphs, max_captures)
+    if off is not None:
+        return False, count, off
     if count == 0:
         return False, count, "max_captures is 0"
     return True, count, None
