@@ -470,6 +470,17 @@ else:
     modes = ["default", "reduce-overhead", "max-autotune"]
 model = model.to("cuda", dt).eval()
 out = {"model": config, "batches": {}, "first_call_s": {}, "errors": {}}
+phase = sys.argv[4] if len(sys.argv) > 4 else ""
+if phase == "autotune-warm":
+    # Fills this work folder's inductor caches (the compiled graph and the autotuning
+    # results) for max-autotune at batch 8 while another child mints: the measuring
+    # child then compiles from the caches instead of autotuning for minutes.
+    with torch.no_grad():
+        t = time.perf_counter()
+        torch.compile(model, mode="max-autotune", dynamic=False)(*inputs(8))
+        torch.cuda.synchronize()
+    print(json.dumps({"compile_s": time.perf_counter() - t}))
+    sys.exit(0)
 
 def latency(fn, args, calls=200, warm=20):
     # Each call between two CUDA events on the current stream, after the device went
@@ -525,6 +536,9 @@ with torch.no_grad():
         key, os.path.join(work, "minted"), target=sm, toolchain=toolchain, recipe=lambda: spec
     ).compiled_graph
     out["mint_s"] = time.perf_counter() - t
+    if phase == "autotune-mint":
+        print(json.dumps(out, default=str))
+        sys.exit(0)
     runs = {"eager": model}
     # "native": only the load_native rows, in a process started with libtorch's
     # stream-ordered allocator (what load_native chooses when it opens libtorch first;
@@ -619,9 +633,26 @@ def graphs_autotune(site: Path, work: Path, result: dict[str, object], save: Cal
     in one child (eager, max-autotune, ours with and without CUDA graphs)."""
     dest = work / "unet-autotune"
     dest.mkdir(parents=True, exist_ok=True)
+    env = child_env(site, dest / "cache")
+    base = ["unet", str(dest), str(ROOT / "scripts")]
     try:
-        argv = ["unet", str(dest), str(ROOT / "scripts"), "autotune"]
-        got = run_json(GRAPHS_CHILD, argv, child_env(site, dest / "cache"))
+        # max-autotune's compile (autotuning) and our mint, at once in two children on
+        # the machine's cores; then one child measures every way from warm caches.
+        warm = subprocess.Popen(
+            [sys.executable, "-c", GRAPHS_CHILD, *base, "autotune-warm"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        mint = run_json(GRAPHS_CHILD, [*base, "autotune-mint"], env)
+        warm_out, warm_err = warm.communicate()
+        if warm.returncode != 0:
+            raise RuntimeError(f"max-autotune warm-up failed:\n{warm_err[-4000:]}")
+        prepared = {"autotune_warm": json.loads(warm_out.strip().splitlines()[-1]), "mint_s": mint.get("mint_s")}
+        result["unet_autotune_prepare"] = prepared
+        save()
+        got = run_json(GRAPHS_CHILD, [*base, "autotune"], env)
         row = got.get("batches", {}).get("8", {})
         got["ours_over_max_autotune"] = _ratio(row.get("load-cuda-graphs"), row.get("compile-max-autotune"))
         result["unet_autotune"] = got
@@ -1350,7 +1381,9 @@ elif mode in ("cold-native", "cold-torch"):
 
         engine = Engine(os.path.join(work, "store"))
         ks = keys()
+        marks: dict[str, Any] = {"imported_s": time.perf_counter() - T0}
         stored = [engine.resolve(ks[h], os.path.join(work, "r", f"{os.getpid()}-{h}")) for h in hs]
+        marks["resolved_s"] = time.perf_counter() - T0
         t = from_buffer(raw("t.f32"), "float32", [1], device="cuda:0")
         e = from_buffer(raw("ehs.bf16"), "bfloat16", [1, CFG["tokens"], CFG["cross_attention_dim"]], device="cuda:0")
         if how == "set-threads":
@@ -1360,29 +1393,42 @@ elif mode in ("cold-native", "cold-torch"):
             from concurrent.futures import ThreadPoolExecutor
 
             ws = native_set_class()(CKPT, device="cuda:0")
+            marks["set_s"] = time.perf_counter() - T0
+            marks["set_timings"] = dict(ws.timings)
+            graph_timings: list[dict[str, float]] = []
 
             def bucket(pair):
                 h, s = pair
                 x = from_buffer(raw(f"sample-{h}.bf16"), "bfloat16", [1, 4, h, h], device="cuda:0")
-                return s.load_native(ws, device="cuda:0")(x, t, e).cpu()
+                graph = s.load_native(ws, device="cuda:0")
+                y = graph(x, t, e).cpu()
+                graph_timings.append(dict(graph.timings))
+                return y
 
             with ThreadPoolExecutor(len(stored)) as pool:
                 outs = list(pool.map(bucket, zip(hs, stored)))
         else:
             if how == "set":
                 ws = native_set_class()(CKPT, device="cuda:0")
+                marks["set_s"] = time.perf_counter() - T0
+                marks["set_timings"] = dict(ws.timings)
                 graphs = [s.load_native(ws, device="cuda:0") for s in stored]
             else:
                 graphs = [s.load_native(CKPT, device="cuda:0") for s in stored]
+            marks["loaded_s"] = time.perf_counter() - T0
             outs = []
             for h, graph in zip(hs, graphs):
                 x = from_buffer(raw(f"sample-{h}.bf16"), "bfloat16", [1, 4, h, h], device="cuda:0")
                 outs.append(graph(x, t, e).cpu())  # waits for the graph
+            graph_timings = [dict(g.timings) for g in graphs]
         ttfo = time.perf_counter() - T0
         import numpy as np
 
         finite = all(bool(((np.asarray(y).view(np.uint16) & 0x7F80) != 0x7F80).all()) for y in outs)
-        return {"ttfo_s": ttfo, "finite": finite, "torch_imported": "torch" in sys.modules}
+        return {
+            "ttfo_s": ttfo, "finite": finite, "torch_imported": "torch" in sys.modules,
+            "marks": marks, "graph_timings": graph_timings,
+        }
 
     def cold_torch():
         import torch
@@ -1628,6 +1674,8 @@ def weights_once(
                     errors[way] = json.dumps({k: got.get(k) for k in ("error", "errors", "cold")}, default=str)[-3000:]
                 elif i > 0:
                     samples[way].append(float(ttfo))
+                    # The phases of the latest sample of each way: where its time went.
+                    cold.setdefault("phases", {})[way] = {k: _dig(got, "cold", k) for k in ("marks", "graph_timings")}
             cold["median_ttfo_s"] = {w: statistics.median(s) for w, s in samples.items() if s}
             record("cold", cold)
     result["ratios"] = weights_once_ratios(result)
