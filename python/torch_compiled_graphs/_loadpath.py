@@ -17,7 +17,10 @@ one load path imported by the others:
   before the run's stream;
 - CUDA-graph options: :data:`MAX_CAPTURES`, the variables :data:`ENV_CUDA_GRAPHS`
   and :data:`ENV_MAX_CAPTURES`, read by :func:`flag` and :func:`capture_count`;
-- timings: :func:`log_timings`.
+- timings: :func:`log_timings`;
+- the libtorch-free variant under torch: :func:`torch_package_loader` opens a
+  package with torch's loader, making libtorch's C shim global first when the
+  ``.so`` was built with ``link_libtorch=False`` (docs/keys.md, "Variants").
 
 Layering (``tests/test_layering.py`` holds it): the engine
 (:class:`~torch_compiled_graphs.engine.StoredCompiledGraph`) imports the load
@@ -35,8 +38,51 @@ import json
 import logging
 import os
 
+from typing import Any
+
 from .errors import BindingError
 from .outputs import GraphOutput, is_output_record
+
+_UNRESOLVED_SHIM = "undefined symbol: aoti_torch_"
+
+
+def _expose_libtorch_shim(torch: Any) -> None:
+    """Put libtorch's already loaded libraries in the process's global symbol scope.
+
+    A ``.so`` built with ``link_libtorch=False`` (the libtorch-free variant) has no
+    ``DT_NEEDED`` on libtorch: its ``aoti_torch_*`` imports resolve against whatever is
+    global. torch loads libtorch without ``RTLD_GLOBAL``, so in a torch process they are
+    not; re-opening the same files with ``RTLD_NOLOAD | RTLD_GLOBAL`` promotes them and
+    loads nothing new.
+    """
+    import ctypes
+
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    for name in ("libtorch_cpu.so", "libtorch_cuda.so"):
+        path = os.path.join(lib, name)
+        if os.path.exists(path):
+            try:
+                ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL | os.RTLD_NOW)
+            except OSError:  # not loaded in this process (a CPU-only torch has no libtorch_cuda)
+                continue
+
+
+def torch_package_loader(torch: Any, package: str, entry: str, single_threaded: bool, device_index: int) -> Any:
+    """torch's ``AOTIModelPackageLoader`` for ``entry`` of ``package``.
+
+    Positional arguments ``(path, entry, run_single_threaded, num_runners,
+    device_index)``, the form torch 2.11 and 2.15 share. A package of the
+    libtorch-free variant fails to open with an unresolved ``aoti_torch_*`` import
+    until libtorch's shim is global (:func:`_expose_libtorch_shim`); then it is
+    opened again, served by libtorch's implementation of the same functions.
+    """
+    try:
+        return torch._C._aoti.AOTIModelPackageLoader(package, entry, single_threaded, 1, device_index)
+    except RuntimeError as exc:
+        if _UNRESOLVED_SHIM not in str(exc):
+            raise
+    _expose_libtorch_shim(torch)
+    return torch._C._aoti.AOTIModelPackageLoader(package, entry, single_threaded, 1, device_index)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

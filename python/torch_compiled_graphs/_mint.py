@@ -26,12 +26,19 @@ def mint_for_engine(
     target: str,
     toolchain: Mapping[str, object],
     workdir: Path,
+    variant: str = "default",
 ) -> dict[str, Any]:
-    """Compile the graph class ``recipe()`` describes, for ``key``, into ``workdir``."""
+    """Compile the graph class ``recipe()`` describes, for ``key``, into ``workdir``.
+
+    ``variant`` picks the compile policy; a ``shim-v1`` mint whose ``.so`` imports more
+    than shim set v1 is refused here (``compile.variant_refused``), after the compile and
+    before the parity check, so nothing is published (docs/keys.md, "Variants").
+    """
     from .artifact import constant_table
     from .compile import compile_package, literal_tensors
     from .declaration import GraphClassSpec, canonical_lines, tensor_bytes
     from .runtime import RuntimeCompatibility
+    from .variant import judge_package
 
     spec = recipe()
     if not isinstance(spec, GraphClassSpec):
@@ -46,7 +53,8 @@ def mint_for_engine(
         raise AdmissionError(
             f"lazy recipe derives {derived}, not requested key {key!r}", "admission.recipe_key_mismatch"
         )
-    package = compile_package(spec, declaration.graph_class, runtime, workdir)
+    package = compile_package(spec, declaration.graph_class, runtime, workdir, variant=variant)
+    judge_package(package, declaration.graph_class, variant)
     if spec.declare() != declaration:
         raise AdmissionError("exported program changed during compilation or packaging", "admission.program_mutated")
     literal_rows = [row for row in constant_table(package) if row["source"] == "literal"]

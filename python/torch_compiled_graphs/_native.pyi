@@ -8,6 +8,7 @@ __all__ = [
     "ARTIFACT_KIND",
     "CALL_INGRESS_VERSION",
     "COMPILED_GRAPH_FORMAT",
+    "COMPILE_POLICIES",
     "ENVELOPE_FILE_NAME",
     "GRAPH_FACTS_VERSION",
     "GRAPH_REF_PREFIX",
@@ -20,6 +21,7 @@ __all__ = [
     "METADATA_MEMBER",
     "PACKAGE_MEMBER",
     "QUARANTINE_REF_PREFIX",
+    "SHIM_SET_V1",
     "TOOLCHAIN_EXCLUDED",
     "CheckpointReader",
     "DLPackInput",
@@ -57,6 +59,7 @@ __all__ = [
     "package_weights_contract",
     "prepare_capture_allocator",
     "render_explanation",
+    "shim_set_v1_missing",
     "split_key",
     "synchronize",
     "toolchain_axis",
@@ -66,6 +69,7 @@ __all__ = [
 COMPILED_GRAPH_FORMAT: int
 ARTIFACT_KIND: str
 KEY_SCHEME: str
+COMPILE_POLICIES: dict[str, str]
 KEY_AXES: list[str]
 KEY_DIGEST_HEX: int
 MAX_KEY_LENGTH: int
@@ -205,6 +209,9 @@ class CheckpointReader:
 def package_mint_record(package: str) -> dict[str, Any] | None: ...
 def package_native_calls(package: str) -> list[dict[str, Any]]: ...
 def package_shim_imports(package: str, entry: str | None = None) -> dict[str, list[str]]: ...
+def shim_set_v1_missing(aoti_torch: list[str], other: list[str]) -> list[str]: ...
+
+SHIM_SET_V1: str
 
 @final
 class NativeWeightsSet:

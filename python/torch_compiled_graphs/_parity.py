@@ -82,7 +82,9 @@ def run_compiled(
         else:
             # (path, entry, run_single_threaded, num_runners, device_index): the positional
             # form torch 2.11 and 2.15 share, as in runner.py.
-            loader = torch._C._aoti.AOTIModelPackageLoader(os.fspath(package), entry, False, 1, device_index)
+            from ._loadpath import torch_package_loader
+
+            loader = torch_package_loader(torch, os.fspath(package), entry, False, device_index)
     except BindingError as exc:
         raise _unavailable(f"{exc} (the compiled graph cannot be run here to check it against eager)") from exc
     wanted = list(loader.get_constant_fqns())

@@ -18,13 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import AdmissionError, CompileError
+from .errors import AdmissionError, CompileError, DeclarationError
 from .runtime import RuntimeCompatibility, clamp_options, impose_clamp
+from .variant import DEFAULT_VARIANT, SHIM_V1, VARIANTS
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-__all__ = ["POLICY", "CompilePolicy", "compile_package", "literal_tensors"]
+__all__ = [
+    "POLICY",
+    "SHIM_V1_POLICY",
+    "CompilePolicy",
+    "compile_package",
+    "literal_tensors",
+    "policy_of",
+]
 
 
 @dataclass(frozen=True)
@@ -39,14 +47,35 @@ class CompilePolicy:
     code_options: tuple[tuple[str, object], ...]
     #: Inductor options that are topology, not identity (compile threads).
     topology_options: tuple[tuple[str, object], ...]
+    #: The policy's name in its settings declaration.
+    policy_id: str = "tcg-compile-policy-v1"
+    #: Further code options by device family (``cpu``, ``cuda``); they enter the declaration.
+    device_options: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
+    #: How attention is lowered: ``None`` (inductor's choice) or ``"math"`` (decomposed into
+    #: matmuls and a softmax, never the flash/efficient attention externs); in the declaration.
+    attention: str | None = None
 
-    def inductor_options(self) -> dict[str, object]:
-        """Every inductor option passed to the compiler (a fresh copy)."""
-        return {**dict(self.code_options), **dict(self.topology_options)}
+    def inductor_options(self, device: str = "cpu") -> dict[str, object]:
+        """Every inductor option passed to a compile for ``device`` (``cpu``/``cuda``; a fresh copy)."""
+        return {
+            **dict(self.code_options),
+            **dict(dict(self.device_options).get(device, ())),
+            **dict(self.topology_options),
+        }
 
     def settings_declaration(self) -> dict[str, object]:
-        """The identity-relevant options, folded into the toolchain's ``settings_declaration``."""
-        return {"policy": "tcg-compile-policy-v1", "inductor": dict(self.code_options)}
+        """The identity-relevant options, folded into the toolchain's ``settings_declaration``.
+
+        The default policy's is ``{"policy", "inductor"}`` exactly as before variants
+        existed (its keys are unchanged); a variant adds its per-device options and its
+        attention lowering.
+        """
+        declaration: dict[str, object] = {"policy": self.policy_id, "inductor": dict(self.code_options)}
+        if self.device_options:
+            declaration["inductor_by_device"] = {d: dict(o) for d, o in self.device_options}
+        if self.attention is not None:
+            declaration["attention"] = self.attention
+        return declaration
 
     @property
     def package_constants_in_so(self) -> bool:
@@ -78,8 +107,58 @@ POLICY = CompilePolicy(
     topology_options=(("compile_threads", 1),),
 )
 
-if POLICY.package_constants_in_so or not POLICY.constant_folding_fenced:  # pragma: no cover
-    raise ImportError("the compile policy must be code-only and constant-folding fenced")
+#: The libtorch-free variant (issue 34, docs/keys.md "Variants"): the default's code options
+#: plus ``link_libtorch=False`` and kernel choices that keep the code inside the package
+#: (Triton GEMM and convolution templates on CUDA, the C++ GEMM template on the CPU, one
+#: CPU thread so that no OpenMP runtime is imported), and attention decomposed. A mint of
+#: this variant is refused unless the ``.so`` imports only shim set v1
+#: (``compile.variant_refused``).
+SHIM_V1_POLICY = CompilePolicy(
+    code_options=(
+        *POLICY.code_options,
+        ("aot_inductor.link_libtorch", False),
+        ("max_autotune", True),
+    ),
+    topology_options=POLICY.topology_options,
+    policy_id="tcg-compile-policy-shim-v1",
+    device_options=(
+        (
+            "cpu",
+            (
+                ("cpp.threads", 1),
+                ("max_autotune_conv_backends", "TRITON"),
+                ("max_autotune_gemm_backends", "CPP"),
+            ),
+        ),
+        (
+            "cuda",
+            (
+                ("max_autotune_conv_backends", "TRITON"),
+                ("max_autotune_gemm_backends", "TRITON"),
+            ),
+        ),
+    ),
+    attention="math",
+)
+
+for _policy in (POLICY, SHIM_V1_POLICY):
+    if _policy.package_constants_in_so or not _policy.constant_folding_fenced:  # pragma: no cover
+        raise ImportError("every compile policy must be code-only and constant-folding fenced")
+
+
+def policy_of(variant: str) -> CompilePolicy:
+    """The compile policy of ``variant`` (``"default"`` or ``"shim-v1"``).
+
+    Anything else is ``DeclarationError`` ``declaration.variant_unknown``.
+    """
+    if variant == DEFAULT_VARIANT:
+        return POLICY  # looked up now: tests replace the module's POLICY
+    if variant == SHIM_V1:
+        return SHIM_V1_POLICY
+    raise DeclarationError(
+        f"unknown graph variant {variant!r}; the variants are {', '.join(map(repr, VARIANTS))}",
+        "declaration.variant_unknown",
+    )
 
 
 # --------------------------------------------------------------------------- inputs and context
@@ -182,16 +261,21 @@ def compile_package(
     package_name: str,
     runtime: RuntimeCompatibility,
     workdir: str | os.PathLike[str],
+    *,
+    variant: str = DEFAULT_VARIANT,
 ) -> Path:
-    """Compile ``spec_program`` under :data:`POLICY` into ``workdir/model.pt2``.
+    """Compile ``spec_program`` under ``variant``'s policy into ``workdir/model.pt2``.
 
     ``spec_program`` is a ``torch.export.ExportedProgram`` or a
     ``GraphClassSpec``. The package is code-only and has exactly one entry,
-    ``package_name`` (the graph class's display name). Failures raise
-    ``CompileError`` with codes ``compile.program_invalid``,
+    ``package_name`` (the graph class's display name). ``variant`` is
+    ``"default"`` (:data:`POLICY`) or ``"shim-v1"`` (:data:`SHIM_V1_POLICY`;
+    whether its imports fit shim set v1 is judged by the mint, not here).
+    Failures raise ``CompileError`` with codes ``compile.program_invalid``,
     ``compile.host_policy``, ``compile.context``, ``compile.failed``,
     ``compile.result_invalid`` or ``compile.package_failed``.
     """
+    policy = policy_of(variant)
     program = _program(spec_program)
     if not isinstance(package_name, str) or not package_name or package_name != package_name.strip():
         raise CompileError(
@@ -206,16 +290,26 @@ def compile_package(
     requirement = impose_clamp(CompileError, "compile.host_policy")
     args, kwargs = _compile_inputs(program)
     mode, env = _compile_context(program)
-    options = {**POLICY.inductor_options(), **_target_options(runtime, requirement)}
+    device = "cpu" if runtime.target == "cpu" else "cuda"
+    options = {**policy.inductor_options(device), **_target_options(runtime, requirement)}
+
+    import contextlib
 
     import torch._inductor
     from torch._guards import TracingContext, tracing
 
+    attention: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if policy.attention == "math":
+        # Re-traced under the math backend, scaled_dot_product_attention decomposes into
+        # matmuls and a softmax instead of calling a flash/efficient attention extern.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        attention = sdpa_kernel([SDPBackend.MATH])
     previous_env = mode.shape_env
     try:
         mode.shape_env = env
         module = program.module(check_guards=False)
-        with tracing(TracingContext(mode)):
+        with tracing(TracingContext(mode)), attention:
             files = torch._inductor.aot_compile(module, args, kwargs, options=options)
     except CompileError:
         raise

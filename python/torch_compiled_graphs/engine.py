@@ -595,20 +595,37 @@ class Engine:
         target: str,
         toolchain: Mapping[str, object],
         recipe: Callable[[], GraphClassSpec],
+        variant: str = "default",
     ) -> EnsureResult:
         """Resolve ``key``; on a miss call ``recipe`` once, compile, store and resolve.
 
         ``recipe`` returns a ``GraphClassSpec`` and is called only on a miss,
         by at most one process at a time per key on this host.
+
+        ``variant`` is ``"default"`` (today's compile policy, served through
+        libtorch) or ``"shim-v1"``, the libtorch-free variant: compiled with
+        ``link_libtorch=False`` and kernels the package carries, and refused
+        (``compile.variant_refused``, naming the ops; nothing published) unless
+        its ``.so`` imports only shim set v1. The variant is part of the key
+        through ``toolchain["settings_declaration"]``: derive the key under
+        ``record_toolchain(variant=...)``; a block that names another variant's
+        policy is ``declaration.variant_mismatch`` (docs/keys.md, "Variants").
         """
         import tempfile
+
+        named = _native.COMPILE_POLICIES.get(str(toolchain.get("settings_declaration")))
+        if variant != "default" or named not in (None, "default policy"):
+            # The block names another variant's policy, or a variant was asked for.
+            from .variant import check_request
+
+            variant = check_request(variant, toolchain)
 
         with tempfile.TemporaryDirectory(prefix="tcg-mint-") as work:
 
             def mint() -> dict[str, Any]:
                 from ._mint import mint_for_engine
 
-                result: dict[str, Any] = mint_for_engine(key, recipe, target, toolchain, _path(work))
+                result: dict[str, Any] = mint_for_engine(key, recipe, target, toolchain, _path(work), variant)
                 return result
 
             out = self._native.ensure(key, os.fspath(destination), target, dict(toolchain), mint)

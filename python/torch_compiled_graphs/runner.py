@@ -239,8 +239,8 @@ class LoadedGraph:
                 # A captured graph runs single-threaded: the threaded run records an event
                 # per run that a capture turns into one the container can no longer query;
                 # calls are serialised by the capture's lock instead.
-                self._loader = torch._C._aoti.AOTIModelPackageLoader(
-                    os.fspath(stored.package_path), stored.graph_class, backend is not None, 1, index
+                self._loader = _loadpath.torch_package_loader(
+                    torch, os.fspath(stored.package_path), stored.graph_class, backend is not None, index
                 )
             except Exception as exc:
                 raise BindingError(

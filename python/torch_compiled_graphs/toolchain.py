@@ -23,9 +23,10 @@ from . import _native
 from .errors import DeclarationError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from importlib import metadata
 
-__all__ = ["ABSENT", "record_toolchain"]
+__all__ = ["ABSENT", "record_toolchain", "settings_digest", "variant_of_block", "variant_toolchain"]
 
 #: The value of an optional distribution (``triton``) that is not installed.
 ABSENT = "absent"
@@ -103,20 +104,48 @@ def _cxx_digest() -> str:
     return _hex16(real.encode("utf-8") + b"\0" + version)
 
 
-def _settings_digest() -> str:
-    from .compile import POLICY
+def settings_digest(variant: str = "default") -> str:
+    """The ``settings_declaration`` member of ``variant``'s compile policy (16 hex).
 
-    return _hex16(_native.canonical_json(POLICY.settings_declaration()))
+    ``declaration.variant_unknown`` for a name that is not a variant.
+    """
+    from .compile import policy_of
+
+    return _hex16(_native.canonical_json(policy_of(variant).settings_declaration()))
 
 
-def record_toolchain() -> dict[str, str]:
+def variant_of_block(block: Mapping[str, object]) -> str | None:
+    """The variant whose policy a toolchain block's ``settings_declaration`` names, or ``None``
+    when it names none of this version's policies (a caller's own block)."""
+    from .variant import VARIANTS
+
+    stated = block.get("settings_declaration")
+    for variant in VARIANTS:
+        if stated == settings_digest(variant):
+            return variant
+    return None
+
+
+def variant_toolchain(block: Mapping[str, object], variant: str) -> dict[str, str]:
+    """``block`` with its ``settings_declaration`` set to ``variant``'s: the toolchain under
+    which ``variant``'s key is derived (a fleet's lock is recorded once, for the default)."""
+    out = {str(k): str(v) for k, v in block.items()}
+    out["settings_declaration"] = settings_digest(variant)
+    _native.toolchain_axis(out)
+    return out
+
+
+def record_toolchain(variant: str = "default") -> dict[str, str]:
     """The toolchain block of this installation's compile stack.
 
     Keys: ``torch`` (required), ``triton`` (``"absent"`` when not installed),
     one ``nvidia-*`` key per installed NVIDIA distribution (PEP 503 name),
     ``cxx`` and ``settings_declaration``. Values are 16-hex digests. The block
-    is checked by the native fold before it is returned.
+    is checked by the native fold before it is returned. ``variant`` picks the
+    compile policy ``settings_declaration`` states: ``"default"``, or
+    ``"shim-v1"`` for the libtorch-free variant (docs/keys.md, "Variants").
     """
+    digest = settings_digest(variant)
     installed = _distributions()
     if "torch" not in installed:
         raise DeclarationError("torch is not installed; cannot state the toolchain", "declaration.toolchain_invalid")
@@ -126,6 +155,6 @@ def record_toolchain() -> dict[str, str]:
         if name.startswith("nvidia-"):
             block[name] = _record_digest(installed[name])
     block["cxx"] = _cxx_digest()
-    block["settings_declaration"] = _settings_digest()
+    block["settings_declaration"] = digest
     _native.toolchain_axis(block)  # the single validator of a block
     return block

@@ -99,6 +99,11 @@ codes! {
     DeclarationCudaUnavailable => Declaration, "declaration.cuda_unavailable";
     DeclarationDeviceMismatch => Declaration, "declaration.device_mismatch";
     DeclarationToolchainInvalid => Declaration, "declaration.toolchain_invalid";
+    /// A graph variant name that is not one of this version's (`default`, `shim-v1`).
+    DeclarationVariantUnknown => Declaration, "declaration.variant_unknown";
+    /// The toolchain block's `settings_declaration` names another variant's
+    /// compile policy than the one requested (docs/keys.md, "Variants").
+    DeclarationVariantMismatch => Declaration, "declaration.variant_mismatch";
     DeclarationHostPolicy => Declaration, "declaration.host_policy";
 
     ArtifactBarePt2 => Artifact, "artifact.bare_pt2";
@@ -159,6 +164,11 @@ codes! {
     CompileFailed => Compile, "compile.failed";
     CompileResultInvalid => Compile, "compile.result_invalid";
     CompilePackageFailed => Compile, "compile.package_failed";
+    /// The graph cannot be minted as the requested libtorch-free variant: its
+    /// `.so` imports what shim set v1 does not provide (an op-specific extern,
+    /// a proxy-executor call, a non-system library); nothing is published
+    /// (docs/keys.md, "Variants").
+    CompileVariantRefused => Compile, "compile.variant_refused";
     /// The compiled graph's outputs on the program's example inputs differ
     /// from the exported program's beyond the dtype's tolerance; nothing is
     /// published (docs/engine.md, "Parity at mint").

@@ -10,9 +10,9 @@ use tcg_cj::{Map, Value};
 use tcg_core::artifact::read_metadata;
 use tcg_core::engine::{graph_ref, witness_lines_ref, Engine};
 use tcg_core::identity::{
-    derive_key, diff_facts, differing_axes, graph_witness, ingress_digest, line_diff,
-    toolchain_axis, GraphClassDeclaration, KeyFacts, WitnessLines, LINE_DIFF_MAX_LINES,
-    WITNESS_LINES_MAX_LINES,
+    compile_policy_title, derive_key, diff_facts, differing_axes, graph_witness, ingress_digest,
+    line_diff, toolchain_axis, GraphClassDeclaration, KeyFacts, WitnessLines, COMPILE_POLICIES,
+    LINE_DIFF_MAX_LINES, SETTINGS_DECLARATION, WITNESS_LINES_MAX_LINES,
 };
 
 fn reference_facts() -> KeyFacts {
@@ -104,6 +104,81 @@ fn one_toolchain_member_is_named_with_both_values() {
         (d[0].fact.as_str(), &d[0].stored),
         ("toolchain.cxx", &Value::Null)
     );
+}
+
+/// The CLI's `explain KEY_A KEY_B` text of two facts.
+fn pair_text(a: &KeyFacts, b: &KeyFacts) -> String {
+    let diffs = diff_facts(a, b);
+    let side = |f: &KeyFacts| {
+        let mut m = Map::new();
+        m.insert("key".into(), f.key.clone().into());
+        Value::Object(m)
+    };
+    let mut report = Map::new();
+    report.insert("a".into(), side(a));
+    report.insert("b".into(), side(b));
+    report.insert(
+        "differing_axes".into(),
+        Value::Array(
+            differing_axes(&diffs)
+                .into_iter()
+                .map(Value::from)
+                .collect(),
+        ),
+    );
+    report.insert(
+        "differences".into(),
+        Value::Array(diffs.iter().map(|d| d.to_value()).collect()),
+    );
+    tcg_core::engine::render_pair(&Value::Object(report))
+}
+
+#[test]
+fn two_variants_of_one_graph_are_named_by_their_compile_policies() {
+    let mut default = reference_facts();
+    default
+        .toolchain
+        .insert(SETTINGS_DECLARATION.into(), COMPILE_POLICIES[0].0.into());
+    let default = rekey(default);
+    let mut variant = default.clone();
+    variant
+        .toolchain
+        .insert(SETTINGS_DECLARATION.into(), COMPILE_POLICIES[1].0.into());
+    let variant = rekey(variant);
+    assert_ne!(default.key, variant.key);
+    let diffs = diff_facts(&default, &variant);
+    assert_eq!(diffs.len(), 1, "{diffs:?}");
+    assert_eq!(diffs[0].fact, "toolchain.settings_declaration");
+    let mut policies = Map::new();
+    policies.insert("requested".into(), "default policy".into());
+    policies.insert("stored".into(), "libtorch-free variant shim-v1".into());
+    let mut detail = Map::new();
+    detail.insert("policies".into(), Value::Object(policies));
+    assert_eq!(diffs[0].detail, Some(Value::Object(detail)));
+    assert_eq!(compile_policy_title("0123456789abcdef"), None);
+    // The text names both policies, not only two digests.
+    let pair = pair_text(&default, &variant);
+    assert!(
+        pair.contains("compile policy: A default policy vs B libtorch-free variant shim-v1"),
+        "{pair}"
+    );
+    // One side a caller's own digest: named as unknown, the other by its policy.
+    let mut own = default.clone();
+    own.toolchain
+        .insert(SETTINGS_DECLARATION.into(), "0123456789abcdef".into());
+    let text = pair_text(&rekey(own), &variant);
+    assert!(
+        text.contains("compile policy: A a policy this version does not know vs B libtorch-free variant shim-v1"),
+        "{text}"
+    );
+    // Two unknown digests carry no detail (as before variants existed).
+    let mut x = default.clone();
+    x.toolchain
+        .insert(SETTINGS_DECLARATION.into(), "1111111111111111".into());
+    let mut y = default.clone();
+    y.toolchain
+        .insert(SETTINGS_DECLARATION.into(), "2222222222222222".into());
+    assert_eq!(diff_facts(&rekey(x), &rekey(y))[0].detail, None);
 }
 
 #[test]

@@ -26,6 +26,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(package_mint_record, m)?)?;
     m.add_function(wrap_pyfunction!(package_native_calls, m)?)?;
     m.add_function(wrap_pyfunction!(package_shim_imports, m)?)?;
+    m.add_function(wrap_pyfunction!(shim_set_v1_missing, m)?)?;
+    m.add("SHIM_SET_V1", tcg_run::shim_set::SHIM_SET_V1)?;
     m.add("ENVELOPE_FILE_NAME", artifact::ENVELOPE_FILE_NAME)?;
     m.add("METADATA_MEMBER", artifact::METADATA_MEMBER)?;
     m.add("PACKAGE_MEMBER", artifact::PACKAGE_MEMBER)?;
@@ -291,4 +293,17 @@ fn package_shim_imports(
     out.insert("aoti_torch".into(), list(imports.aoti_torch));
     out.insert("other".into(), list(imports.other));
     from_value(py, &Value::Object(out))
+}
+
+/// What `shim set v1` lacks to serve a package with these imports (the
+/// `{"aoti_torch", "other"}` of [`package_shim_imports`]): the names, sorted
+/// and distinct; empty when the libtorch-free runtime can serve it
+/// (`tcg_run::shim_set::package_covered`, docs/shim.md).
+#[pyfunction]
+fn shim_set_v1_missing(aoti_torch: Vec<String>, other: Vec<String>) -> Vec<String> {
+    let imports = artifact::package::shim_imports::ShimImports { aoti_torch, other };
+    match tcg_run::shim_set::package_covered(&imports) {
+        Ok(()) => Vec::new(),
+        Err(missing) => missing,
+    }
 }

@@ -14,6 +14,13 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("COMPILED_GRAPH_FORMAT", id::COMPILED_GRAPH_FORMAT)?;
     m.add("ARTIFACT_KIND", id::ARTIFACT_KIND)?;
     m.add("KEY_SCHEME", id::KEY_SCHEME)?;
+    m.add(
+        "COMPILE_POLICIES",
+        id::COMPILE_POLICIES
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeMap<_, _>>(),
+    )?;
     m.add("KEY_AXES", id::KEY_AXES.to_vec())?;
     m.add("KEY_DIGEST_HEX", id::KEY_DIGEST_HEX)?;
     m.add("MAX_KEY_LENGTH", id::MAX_KEY_LENGTH)?;

@@ -30,6 +30,7 @@ __all__ = [
     "CellResult",
     "build_cell",
     "cell_key",
+    "cell_toolchain",
     "classify",
     "device_refusal",
     "load_recipe",
@@ -197,13 +198,28 @@ def device_refusal(target: str, gpus: list[str], cpu_sm: str) -> _Refused | None
     return None
 
 
+def cell_toolchain(cell: Cell, lock: Mapping[str, str]) -> dict[str, str]:
+    """The toolchain the cell's key is derived under: the lock, with the ``settings_declaration``
+    of the cell's variant when it is not the default (docs/keys.md, "Variants")."""
+    if cell.variant == "default":
+        return dict(lock)
+    from ..toolchain import variant_toolchain
+
+    return variant_toolchain(lock, cell.variant)
+
+
 def cell_key(spec: Any, cell: Cell, lock: Mapping[str, str]) -> str:
-    """The cell's key: its declaration, the target's ``sm`` here, the locked toolchain."""
+    """The cell's key: its declaration, the target's ``sm`` here, the locked toolchain (under
+    the cell's variant)."""
     from ..explain import sm_of_target
     from ..identity import CompiledGraphKey
 
     declaration = spec.declare()
-    return str(CompiledGraphKey.for_declaration(declaration, sm=sm_of_target(cell.target), toolchain=lock))
+    return str(
+        CompiledGraphKey.for_declaration(
+            declaration, sm=sm_of_target(cell.target), toolchain=cell_toolchain(cell, lock)
+        )
+    )
 
 
 def classify(exc: BaseException) -> tuple[str, bool]:
@@ -284,7 +300,8 @@ def _run(
         if root is None:
             root = os.path.join(work, "store") if matrix.remote else default_store_root()
         engine = Engine(root, remote=matrix.remote or "")
-        explanation = engine.explain(spec.declare(), target=cell.target, toolchain=lock, limit=0)
+        toolchain = cell_toolchain(cell, lock)
+        explanation = engine.explain(spec.declare(), target=cell.target, toolchain=toolchain, limit=0)
         if explanation.key != key:
             raise BuildError(f"explain derived {explanation.key}, the cell {key}", "build.cell_failed")
         state = explanation.remote
@@ -305,7 +322,12 @@ def _run(
             result.outcome, result.signed = "present", _signed_locally(engine, key)
             return
         done = engine.ensure(
-            key, os.path.join(work, "graph"), target=_ensure_target(cell.target), toolchain=lock, recipe=lambda: spec
+            key,
+            os.path.join(work, "graph"),
+            target=_ensure_target(cell.target),
+            toolchain=toolchain,
+            recipe=lambda: spec,
+            variant=cell.variant,
         )
         minted = done.outcome is EnsureOutcome.MINTED and done.compiled_graph.source == "compiled"
         if not matrix.remote:

@@ -54,12 +54,21 @@ def _toolchain(argv: list[str]) -> int:
         description="Record this installation's compile stack as a toolchain block (the fleet's lock file).",
     )
     sub = parser.add_subparsers(dest="action", required=True)
-    sub.add_parser("record", help="print record_toolchain()'s block as JSON: toolchain record > fleet-toolchain.json")
-    parser.parse_args(argv)
+    record = sub.add_parser(
+        "record", help="print record_toolchain()'s block as JSON: toolchain record > fleet-toolchain.json"
+    )
+    record.add_argument(
+        "--variant",
+        default="default",
+        choices=("default", "shim-v1"),
+        help="the graph variant whose compile policy settings_declaration names (default: default; "
+        "shim-v1 is the libtorch-free variant, docs/keys.md)",
+    )
+    args = parser.parse_args(argv)
     from ..toolchain import record_toolchain
 
     try:
-        block = record_toolchain()
+        block = record_toolchain(args.variant)
     except CompiledGraphError as exc:
         return _fail(exc)
     sys.stdout.write(json.dumps(block, indent=2, sort_keys=True) + "\n")

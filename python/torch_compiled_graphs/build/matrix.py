@@ -37,7 +37,9 @@ _CALLABLE = re.compile(
 )
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _TOP = {"format", "remote", "toolchain", "targets", "store", "max_cells", "recipes", "local", "ray", "k8s"}
-_RECIPE = {"name", "callable", "targets", "grid", "params"}
+_RECIPE = {"name", "callable", "targets", "grid", "params", "variants"}
+#: The graph variants a recipe may list (``variants = ["default", "shim-v1"]``; docs/keys.md).
+_VARIANTS = ("default", "shim-v1")
 _SCALARS = (str, int, float, bool)
 
 
@@ -50,12 +52,16 @@ class Cell:
     callable: str
     target: str
     params: dict[str, Any]
+    #: The graph variant minted: ``default`` or ``shim-v1`` (the libtorch-free variant).
+    variant: str = "default"
 
     @property
     def name(self) -> str:
-        """``recipe[k=v,...]@target``, unique in its matrix."""
+        """``recipe[k=v,...]@target``, with ``+variant`` for a variant other than the
+        default; unique in its matrix."""
         inner = ",".join(f"{k}={json.dumps(v)}" for k, v in self.params.items())
-        return f"{self.recipe}[{inner}]@{self.target}"
+        suffix = "" if self.variant == "default" else f"+{self.variant}"
+        return f"{self.recipe}[{inner}]@{self.target}{suffix}"
 
     @property
     def gpu(self) -> bool:
@@ -138,6 +144,19 @@ def _targets(value: object, path: Path, where: str) -> list[str]:
         if t in out:
             raise _invalid(path, f"{where}: target {t!r} is listed twice")
         out.append(t)
+    return out
+
+
+def _variants(value: object, path: Path, where: str) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise _invalid(path, f"{where} must be a non-empty list of variants ({', '.join(map(repr, _VARIANTS))})")
+    out: list[str] = []
+    for v in value:
+        if not isinstance(v, str) or v not in _VARIANTS:
+            raise _invalid(path, f"{where}: {v!r} is not a variant ({', '.join(map(repr, _VARIANTS))})")
+        if v in out:
+            raise _invalid(path, f"{where}: variant {v!r} is listed twice")
+        out.append(v)
     return out
 
 
@@ -267,7 +286,7 @@ def parse_matrix(text: str, path: str | os.PathLike[str]) -> Matrix:
     if not isinstance(recipes, list) or not recipes:
         raise _invalid(where, "no [[recipes]]: a matrix needs at least one recipe")
     names: set[str] = set()
-    expansions: list[tuple[str, str, list[str], dict[str, Any], dict[str, list[Any]]]] = []
+    expansions: list[tuple[str, str, list[str], dict[str, Any], dict[str, list[Any]], list[str]]] = []
     count = 0
     for i, recipe in enumerate(recipes):
         label = f"recipes[{i}]"
@@ -308,9 +327,10 @@ def parse_matrix(text: str, path: str | os.PathLike[str]) -> Matrix:
                 raise _invalid(where, f"{label}: {k!r} is both a grid parameter and a fixed parameter")
         if "target" in grid or "target" in params:
             raise _invalid(where, f"{label}: 'target' is the cell's target, not a parameter")
+        variants = _variants(recipe.get("variants", ["default"]), where, f"{label}.variants")
         # Counted from the axis lengths (Python ints: no overflow), before anything is made.
-        count += math.prod(len(values) for values in grid.values()) * len(targets)
-        expansions.append((name, target_fn, targets, params, grid))
+        count += math.prod(len(values) for values in grid.values()) * len(targets) * len(variants)
+        expansions.append((name, target_fn, targets, params, grid, variants))
     sections = {section: _section(data.get(section), where, section) for section in _SECTIONS}
     cap = _max_cells(data.get("max_cells", MAX_CELLS), where)
     if count > cap:
@@ -320,13 +340,21 @@ def parse_matrix(text: str, path: str | os.PathLike[str]) -> Matrix:
             "build.matrix_too_large",
         )
     cells: list[Cell] = []
-    for name, target_fn, targets, params, grid in expansions:
+    for name, target_fn, targets, params, grid, variants in expansions:
         keys = list(grid)
         for combo in itertools.product(*(grid[k] for k in keys)):
             for target in targets:
-                cells.append(
-                    Cell(len(cells), name, target_fn, target, {**params, **dict(zip(keys, combo, strict=True))})
-                )
+                for variant in variants:
+                    cells.append(
+                        Cell(
+                            len(cells),
+                            name,
+                            target_fn,
+                            target,
+                            {**params, **dict(zip(keys, combo, strict=True))},
+                            variant,
+                        )
+                    )
     return Matrix(
         where,
         text,

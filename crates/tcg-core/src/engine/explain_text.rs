@@ -48,6 +48,19 @@ fn difference(out: &mut String, d: &Value, labels: (&str, &str)) {
                 }
             }
         }
+        Value::Object(m) if m.contains_key("policies") => {
+            let policies = get(detail, "policies");
+            let name = |side: &str| match get(policies, side) {
+                Value::Str(s) => s.clone(),
+                _ => "a policy this version does not know".into(),
+            };
+            let _ = writeln!(
+                out,
+                "      compile policy: {ra} {} vs {sa} {}",
+                name("requested"),
+                name("stored")
+            );
+        }
         Value::Object(m) if m.contains_key("unavailable") => {
             let _ = writeln!(out, "      ({})", text(get(detail, "unavailable")));
         }

@@ -10,7 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tcg_cj::{Map, Value};
 
-use super::{graph_witness, toolchain_axis, GraphClassDeclaration};
+use super::{
+    compile_policy_title, graph_witness, toolchain_axis, GraphClassDeclaration,
+    SETTINGS_DECLARATION,
+};
 
 /// Most canonical lines kept per graph for a later line diff.
 pub const WITNESS_LINES_MAX_LINES: usize = 32_768;
@@ -501,11 +504,34 @@ pub fn diff_facts(requested: &KeyFacts, stored: &KeyFacts) -> Vec<Difference> {
             if x != y {
                 let v =
                     |s: Option<&String>| s.map(|s| Value::from(s.as_str())).unwrap_or(Value::Null);
-                out.push(diff("toolchain", format!("toolchain.{name}"), v(x), v(y)));
+                let mut d = diff("toolchain", format!("toolchain.{name}"), v(x), v(y));
+                if name == SETTINGS_DECLARATION {
+                    d.detail = policy_detail(x, y);
+                }
+                out.push(d);
             }
         }
     }
     out
+}
+
+/// The names of the compile policies behind two `settings_declaration`
+/// digests (`{"policies": {"requested", "stored"}}`, `null` for a digest of no
+/// known policy), so that `explain` names a variant rather than two digests;
+/// `None` when neither side is a known policy.
+fn policy_detail(requested: Option<&String>, stored: Option<&String>) -> Option<Value> {
+    let title = |s: Option<&String>| s.and_then(|s| compile_policy_title(s));
+    let (a, b) = (title(requested), title(stored));
+    if a.is_none() && b.is_none() {
+        return None;
+    }
+    let side = |t: Option<&'static str>| t.map(Value::from).unwrap_or(Value::Null);
+    let mut policies = Map::new();
+    policies.insert("requested".into(), side(a));
+    policies.insert("stored".into(), side(b));
+    let mut m = Map::new();
+    m.insert("policies".into(), Value::Object(policies));
+    Some(Value::Object(m))
 }
 
 /// The axes that differ, in key order, from a difference list.

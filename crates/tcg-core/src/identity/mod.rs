@@ -21,7 +21,10 @@ pub use key::{
     derive_key, derive_key_from_axes, is_compiled_graph_key, key_from_metadata, split_key,
 };
 pub use literal::{literal_digest, shape_text, LiteralHasher, LiteralRow};
-pub use toolchain::{toolchain_axis, validate_toolchain_block, TOOLCHAIN_EXCLUDED};
+pub use toolchain::{
+    compile_policy_title, toolchain_axis, validate_toolchain_block, COMPILE_POLICIES,
+    SETTINGS_DECLARATION, TOOLCHAIN_EXCLUDED,
+};
 
 use sha2::{Digest, Sha256};
 

@@ -9,6 +9,29 @@ use crate::{Code, Error, Result};
 /// (SPEC-v1 §3.4). Exact and case-sensitive.
 pub const TOOLCHAIN_EXCLUDED: [&str; 3] = ["diffusers", "peft", "transformers"];
 
+/// The toolchain member whose value names the compile policy a graph was
+/// compiled under (docs/keys.md, "Variants").
+pub const SETTINGS_DECLARATION: &str = "settings_declaration";
+
+/// The `settings_declaration` digests of this version's compile policies,
+/// with how `explain` names each: the default policy and the libtorch-free
+/// variant `shim-v1` (issue 34). The digests are `hex16` of the canonical JSON
+/// of Python's `policy_of(variant).settings_declaration()`; a Python test pins
+/// that they agree. A digest not listed (a caller's own block) has no name.
+pub const COMPILE_POLICIES: [(&str, &str); 2] = [
+    ("e498023a9ea8081a", "default policy"),
+    ("175026dacf9ad10d", "libtorch-free variant shim-v1"),
+];
+
+/// How `explain` names the compile policy behind a `settings_declaration`
+/// digest, or `None` for a digest of no known policy.
+pub fn compile_policy_title(digest: &str) -> Option<&'static str> {
+    COMPILE_POLICIES
+        .iter()
+        .find(|(d, _)| *d == digest)
+        .map(|(_, title)| *title)
+}
+
 /// Validate a toolchain block: a non-empty object whose keys and values are
 /// canonical strings. Refusals carry `code` (`declaration.toolchain_invalid`
 /// for callers, `artifact.metadata_schema` when reading metadata).
