@@ -109,8 +109,8 @@ POLICY = CompilePolicy(
 
 #: The libtorch-free variant (issue 34, docs/keys.md "Variants"): the default's code options
 #: plus ``link_libtorch=False`` and kernel choices that keep the code inside the package
-#: (Triton GEMM and convolution templates on CUDA, the C++ GEMM template on the CPU, one
-#: CPU thread so that no OpenMP runtime is imported), and attention decomposed. A mint of
+#: (Triton GEMM and convolution templates on CUDA; on the CPU one thread, so that no
+#: OpenMP runtime is imported, and no weight prepacking), and attention decomposed. A mint of
 #: this variant is refused unless the ``.so`` imports only shim set v1
 #: (``compile.variant_refused``).
 SHIM_V1_POLICY = CompilePolicy(
@@ -126,6 +126,10 @@ SHIM_V1_POLICY = CompilePolicy(
             "cpu",
             (
                 ("cpp.threads", 1),
+                # torch 2.15's C++ GEMM template applies only to prepacked constant weights,
+                # which it packs into a new, weight-derived constant at compile time: code-only
+                # binding by fqn forbids that, so GEMMs stay aten externs and are refused.
+                ("cpp.weight_prepack", False),
                 ("max_autotune_conv_backends", "TRITON"),
                 ("max_autotune_gemm_backends", "CPP"),
             ),
