@@ -182,8 +182,7 @@ def test_a_refusal_names_the_aten_op_behind_each_extern() -> None:
         "GOMP_parallel (the OpenMP runtime)",
         "Sleef_expf8_u10 (SLEEF vector math, carried by libtorch)",
         "_ZN3c106detail14torchCheckFailEPKcS2_jS2_ (a libtorch C++ API symbol)",
-        "aten._scaled_dot_product_flash_attention_for_cpu "
-        "(aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu)",
+        "aten._scaled_dot_product_flash_attention_for_cpu (aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu)",
         "aten.addmm (aoti_torch_cpu_addmm_out)",
         "aten.convolution (aoti_torch_cpu_convolution)",
         "aten.mm (aoti_torch_cuda_mm_out)",
@@ -349,9 +348,7 @@ def test_explain_names_the_variant_when_two_keys_differ_only_by_it(minted: dict[
     assert e.nearest.facts == ("toolchain.settings_declaration",)
     difference = e.nearest.differences[0]
     assert (difference.requested, difference.stored) == (DEFAULT_DIGEST, SHIM_V1_DIGEST)
-    assert difference.detail == {
-        "policies": {"requested": "default policy", "stored": "libtorch-free variant shim-v1"}
-    }
+    assert difference.detail == {"policies": {"requested": "default policy", "stored": "libtorch-free variant shim-v1"}}
     assert "compile policy: requested default policy vs stored libtorch-free variant shim-v1" in str(e)
 
 

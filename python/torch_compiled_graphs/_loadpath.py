@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-
 from typing import Any
 
 from .errors import BindingError
@@ -83,6 +82,7 @@ def torch_package_loader(torch: Any, package: str, entry: str, single_threaded: 
             raise
     _expose_libtorch_shim(torch)
     return torch._C._aoti.AOTIModelPackageLoader(package, entry, single_threaded, 1, device_index)
+
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
