@@ -28,7 +28,9 @@ pub mod inputs;
 pub mod lora;
 pub mod lora_fuse;
 pub mod pipeline;
+pub mod runtime;
 pub mod serve;
+pub mod shim_runtime;
 pub mod shim_set;
 mod stdmap;
 pub mod torch;
@@ -41,6 +43,7 @@ pub use graph::{
     BindReport, ConstantBuffer, ContainerConstant, Graph, Input, LoadRequest, WeightsSource,
 };
 pub use inputs::{Dim, InputFact};
+pub use runtime::{Runtime, RuntimeChoice, RuntimeOption};
 pub use serve::Served;
 pub use torch::{Dtype, OwnedTensor, Torch};
 pub use weights_set::WeightsSet;
