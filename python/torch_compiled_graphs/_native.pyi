@@ -35,6 +35,7 @@ __all__ = [
     "artifact_verify",
     "canonical_json",
     "checkpoint_files",
+    "choose_runtime",
     "cli_main",
     "cpu_sm",
     "declare",
@@ -46,6 +47,7 @@ __all__ = [
     "ingress_digest",
     "is_compiled_graph_key",
     "key_from_metadata",
+    "libtorch_mapped",
     "literal_digest",
     "package_check_torch_loader",
     "package_constant_table",
@@ -260,6 +262,7 @@ class NativeModel:
         literals: str | None = None,
         strip_prefix: str | None = None,
         add_prefix: str | None = None,
+        runtime: tuple[str, str] | None = None,
     ) -> tuple[NativeModel, list[str], int, list[tuple[str, float]]]: ...
     @staticmethod
     def load_set(
@@ -276,6 +279,10 @@ class NativeModel:
     def bind_set(
         self, set: NativeWeightsSet, literals: str | None = None
     ) -> tuple[list[str], list[tuple[str, float]]]: ...
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def runtime_reason(self) -> str: ...
     @property
     def added_bytes(self) -> int: ...
     @property
@@ -356,3 +363,5 @@ def upload(
 ) -> NativeTensor: ...
 def synchronize(torch_lib: str, stream: int) -> None: ...
 def prepare_capture_allocator(enabled: bool, max_captures: int) -> tuple[bool, str | None]: ...
+def choose_runtime(package: str, entry: str, device: str, runtime: str | None = None) -> tuple[str, str]: ...
+def libtorch_mapped() -> bool: ...
