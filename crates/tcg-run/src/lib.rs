@@ -12,6 +12,10 @@
 //! `libtorch_cuda` and the CUDA runtime opened at run time too. Buffers cross
 //! in and out as DLPack tensors ([`dlpack`]) as well as raw addresses.
 //!
+//! A CPU graph whose `.so` imports only shim set v1 runs on the shim instead
+//! (`libtcg_shim.so`, carried inside this crate, no libtorch opened): the
+//! runtime is chosen from the artifact ([`runtime`]).
+//!
 //! Every failure is a [`tcg_core::Error`] with a stable `run.*` code.
 
 #![deny(missing_docs)]
