@@ -286,7 +286,27 @@ pub fn choose_for_package(
     if option == RuntimeOption::Libtorch {
         return Ok(RuntimeChoice::libtorch(forced(source)));
     }
-    let imports = tcg_core::artifact::package::shim_imports(package, Some(entry))?;
+    if device.is_cuda() {
+        // Decided by the device alone: the imports are not read.
+        let none = ShimImports {
+            aoti_torch: Vec::new(),
+            other: Vec::new(),
+        };
+        return choose_runtime(&none, device, option, source, libtorch_mapped());
+    }
+    let imports = match tcg_core::artifact::package::shim_imports(package, Some(entry)) {
+        Ok(imports) => imports,
+        // The loader reads the same package next and refuses it with the
+        // code it always has (a wrong entry is `run.package_invalid`): the
+        // choice adds no refusal of its own.
+        Err(e) if option == RuntimeOption::Auto => {
+            return Ok(RuntimeChoice::libtorch(format!(
+                "the package's imports cannot be read ({}): left to the loader",
+                e.code().as_str()
+            )))
+        }
+        Err(e) => return Err(e),
+    };
     choose_runtime(&imports, device, option, source, libtorch_mapped())
 }
 
