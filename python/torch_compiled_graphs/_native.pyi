@@ -37,6 +37,7 @@ __all__ = [
     "artifact_verify",
     "canonical_json",
     "checkpoint_files",
+    "choose_runtime",
     "cli_main",
     "cpu_sm",
     "declare",
@@ -48,6 +49,7 @@ __all__ = [
     "ingress_digest",
     "is_compiled_graph_key",
     "key_from_metadata",
+    "libtorch_mapped",
     "literal_digest",
     "package_check_torch_loader",
     "package_constant_table",
@@ -267,6 +269,7 @@ class NativeModel:
         literals: str | None = None,
         strip_prefix: str | None = None,
         add_prefix: str | None = None,
+        runtime: tuple[str, str] | None = None,
     ) -> tuple[NativeModel, list[str], int, list[tuple[str, float]]]: ...
     @staticmethod
     def load_set(
@@ -283,6 +286,10 @@ class NativeModel:
     def bind_set(
         self, set: NativeWeightsSet, literals: str | None = None
     ) -> tuple[list[str], list[tuple[str, float]]]: ...
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def runtime_reason(self) -> str: ...
     @property
     def added_bytes(self) -> int: ...
     @property
@@ -363,3 +370,5 @@ def upload(
 ) -> NativeTensor: ...
 def synchronize(torch_lib: str, stream: int) -> None: ...
 def prepare_capture_allocator(enabled: bool, max_captures: int) -> tuple[bool, str | None]: ...
+def choose_runtime(package: str, entry: str, device: str, runtime: str | None = None) -> tuple[str, str]: ...
+def libtorch_mapped() -> bool: ...

@@ -322,6 +322,7 @@ class StoredCompiledGraph(_Record):
         add_prefix: str = "",
         cuda_graphs: bool | None = None,
         max_captures: int | None = None,
+        runtime: str | None = None,
     ) -> NativeGraph:
         """Load this graph without importing torch and bind ``weights`` from disk.
 
@@ -341,7 +342,14 @@ class StoredCompiledGraph(_Record):
         :meth:`load`; docs/run.md, "CUDA graphs"). ``weights`` may also be a
         :class:`NativeWeightsSet` on the graph's device (``device`` defaults to the
         set's; the prefixes were applied when the set was opened): the graph then binds
-        the set's memory without a copy. See docs/run.md.
+        the set's memory without a copy. ``runtime`` (``"auto"``, ``"libtorch"``,
+        ``"shim"``; default ``$TORCH_COMPILED_GRAPHS_RUNTIME``, else ``"auto"``) picks
+        what provides the C shim the package calls: ``auto`` runs a CPU graph whose
+        ``.so`` imports only shim set v1 on ``libtcg_shim.so`` (no libtorch opened,
+        ``torch_lib`` unused) unless libtorch is already loaded in the process, every
+        other graph on libtorch; ``shim`` on a graph it cannot run is
+        ``run.native_unsupported`` naming the functions. ``native.runtime`` and
+        ``native.runtime_reason`` say which and why. See docs/run.md.
         """
         from .native import NativeGraph
 
@@ -354,6 +362,7 @@ class StoredCompiledGraph(_Record):
             add_prefix=add_prefix,
             cuda_graphs=cuda_graphs,
             max_captures=max_captures,
+            runtime=runtime,
         )
 
     @property

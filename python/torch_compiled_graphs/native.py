@@ -416,6 +416,30 @@ def _prepare_cuda(captures_wanted: bool, captures_max: int) -> None:
             os.environ[_ALLOC_CONF[0]] = "backend:cudaMallocAsync"  # what libtorch now reads
 
 
+_RUNTIME_OPTIONS = ("auto", "libtorch", "shim")
+
+
+def _choose_runtime(stored: StoredCompiledGraph, device: str, runtime: object, on_set: bool) -> tuple[str, str]:
+    """``(runtime, reason)`` for ``stored`` on ``device``: ``runtime`` (``"auto"``,
+    ``"libtorch"``, ``"shim"``; ``None``: ``$TORCH_COMPILED_GRAPHS_RUNTIME``, else
+    ``"auto"``) applied to the package's imports (``_native.choose_runtime``). A graph
+    bound to a :class:`NativeWeightsSet` runs on libtorch, as the set does."""
+    if runtime is not None and runtime not in _RUNTIME_OPTIONS:
+        raise BindingError(
+            f"runtime must be one of {', '.join(map(repr, _RUNTIME_OPTIONS))}, got {runtime!r}", "run.option_invalid"
+        )
+    if on_set:
+        wanted = runtime if runtime is not None else os.environ.get("TORCH_COMPILED_GRAPHS_RUNTIME") or "auto"
+        if wanted == "shim":
+            raise BindingError(
+                "the shim runtime was asked for, but a NativeWeightsSet holds its tensors on libtorch: "
+                "load from weights files to run on the shim",
+                "run.native_unsupported",
+            )
+        return "libtorch", "bound to a weights set (weights sets run on libtorch)"
+    return _native.choose_runtime(os.fspath(stored.package_path), stored.graph_class, device, runtime)
+
+
 class NativeGraph:
     """A resolved graph loaded without torch: call it like the original module, with arrays."""
 
@@ -430,6 +454,7 @@ class NativeGraph:
         add_prefix: str = "",
         cuda_graphs: bool | None = None,
         max_captures: int | None = None,
+        runtime: str | None = None,
     ) -> None:
         self._stored = stored
         self._naming = _naming(strip_prefix, add_prefix)
@@ -460,11 +485,28 @@ class NativeGraph:
                 )
             if torch_lib is None:
                 torch_lib = shared._lib
-        lib = find_torch_lib(torch_lib)
+        chose = time.perf_counter()
+        runtime_name, runtime_reason = _choose_runtime(stored, device, runtime, shared is not None)
+        chose_s = time.perf_counter() - chose
+        #: The runtime the graph runs on: ``"shim-v1"`` (``libtcg_shim.so``, shipped
+        #: inside the extension, no libtorch in the process) or ``"libtorch"``
+        #: (docs/run.md, "Runtime").
+        self.runtime: str = runtime_name
+        #: Why: ``"every import (N aoti_torch_*) in shim set v1"``, the first
+        #: imports outside the set, ``"libtorch already loaded in this process"``,
+        #: ``"shim runtime: CUDA not yet supported"``, ``"forced by option"``, ...
+        self.runtime_reason: str = runtime_reason
+        LOGGER.debug("load_native %s: runtime %s (%s)", stored.key, runtime_name, runtime_reason)
+        if runtime_name == "libtorch":
+            lib = find_torch_lib(torch_lib)
+            #: How the installed torch was matched to the artifact's: ``"record digest"``
+            #: or ``"not recorded"`` (the artifact states no digest to compare);
+            #: ``"not needed (shim runtime)"`` when no torch is opened.
+            self.torch_check = _check_torch(stored, lib)
+        else:
+            lib = ""
+            self.torch_check = "not needed (shim runtime)"
         self._lib = lib
-        #: How the installed torch was matched to the artifact's: ``"record digest"``
-        #: or ``"not recorded"`` (the artifact states no digest to compare).
-        self.torch_check = _check_torch(stored, lib)
         rows = [(r["fqn"], r["source"], r["dtype"], [int(d) for d in r["shape"]]) for r in stored.constants]
         literals = os.path.join(stored.path, "constants.safetensors")
         has_literals = any(r["source"] == "literal" for r in stored.constants)
@@ -498,10 +540,12 @@ class NativeGraph:
                 _weight_paths(weights),
                 literals if has_literals else None,
                 *self._naming,
+                runtime=(runtime_name, runtime_reason),
             )
         self.ignored_constants, self.outside_prefix = list(ignored), int(outside)
         #: How long each phase of loading took, in seconds (docs/run.md lists
-        #: them): ``open_libraries``, ``extract_package``, ``open_model``,
+        #: them): ``choose_runtime`` (the package's imports read), ``open_libraries``
+        #: (libtorch's, or the shim's), ``extract_package``, ``open_model``,
         #: ``create_container``, ``plan_weights``, ``allocate_weights``,
         #: ``read_weights``, ``copy_weights``, ``bind_weights``, on a GPU
         #: ``cuda_init``, ``cuda_context``, ``cuda_runtime``, ``staging_ring`` and
@@ -509,7 +553,7 @@ class NativeGraph:
         #: ``load_total``, and ``first_call`` once the first call returned.
         #: Extraction and the weights run beside opening the libraries, so the
         #: phases overlap; ``load_total`` is the wall time of the load.
-        self.timings: dict[str, float] = dict(timings)
+        self.timings: dict[str, float] = {"choose_runtime": chose_s, **dict(timings)}
         self.timings["load_total"] = time.perf_counter() - started
         self._first_call_pending = True
         self._capture_pending = device.startswith("cuda") and captures_wanted
@@ -595,7 +639,8 @@ class NativeGraph:
 
     @property
     def torch_lib(self) -> str:
-        """The libtorch directory the graph runs with."""
+        """The libtorch directory the graph runs with (on the shim runtime: the
+        path ``libtcg_shim.so`` was opened from)."""
         return str(self._model.torch_lib)
 
     @property

@@ -32,7 +32,59 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(upload, m)?)?;
     m.add_function(wrap_pyfunction!(synchronize, m)?)?;
     m.add_function(wrap_pyfunction!(prepare_capture_allocator, m)?)?;
+    m.add_function(wrap_pyfunction!(choose_runtime, m)?)?;
+    m.add_function(wrap_pyfunction!(libtorch_mapped, m)?)?;
     Ok(())
+}
+
+/// The runtime entry `entry` of `package` runs on, on `device`, for the
+/// option `runtime` (`auto`, `libtorch`, `shim`; `None`: the environment's
+/// `TORCH_COMPILED_GRAPHS_RUNTIME`, else `auto`): `(runtime, reason)` with
+/// runtime `"libtorch"` or `"shim-v1"` (`tcg_run::runtime::choose_for_package`).
+#[pyfunction]
+#[pyo3(signature = (package, entry, device, runtime=None))]
+fn choose_runtime(
+    py: Python<'_>,
+    package: PathBuf,
+    entry: String,
+    device: String,
+    runtime: Option<String>,
+) -> PyResult<(String, String)> {
+    py.detach(move || {
+        let (option, source) = tcg_run::RuntimeOption::resolve(runtime.as_deref())?;
+        let choice =
+            tcg_run::runtime::choose_for_package(&package, &entry, &device, option, source)?;
+        Ok((choice.runtime.as_str().to_owned(), choice.reason))
+    })
+    .py()
+}
+
+/// Whether libtorch is mapped into this process (`/proc/self/maps`).
+#[pyfunction]
+fn libtorch_mapped() -> bool {
+    tcg_run::runtime::libtorch_mapped()
+}
+
+/// A chosen runtime from Python's `(runtime, reason)`; `None` is libtorch
+/// (a caller that names `torch_lib` and chose nothing).
+fn runtime_choice(runtime: Option<(String, String)>) -> PyResult<tcg_run::RuntimeChoice> {
+    let Some((name, reason)) = runtime else {
+        return Ok(tcg_run::RuntimeChoice::libtorch(
+            "libtorch given by the caller",
+        ));
+    };
+    let runtime = match name.as_str() {
+        "libtorch" => tcg_run::Runtime::Libtorch,
+        "shim-v1" => tcg_run::Runtime::ShimV1,
+        other => {
+            return Err(Error::new(
+                Code::RunOptionInvalid,
+                format!("runtime is {other:?}; it must be \"libtorch\" or \"shim-v1\""),
+            ))
+            .py()
+        }
+    };
+    Ok(tcg_run::RuntimeChoice { runtime, reason })
 }
 
 /// A tensor of `dtype` and `shape` on `device` made from the `nbytes` host
@@ -305,7 +357,7 @@ impl NativeModel {
     /// weights contract with the package's annex. Returns the model, the
     /// ignored names, the count outside `strip_prefix` and the timings.
     #[staticmethod]
-    #[pyo3(signature = (torch_lib, package, entry, device, sm, constants, metadata, weights, literals=None, strip_prefix=None, add_prefix=None))]
+    #[pyo3(signature = (torch_lib, package, entry, device, sm, constants, metadata, weights, literals=None, strip_prefix=None, add_prefix=None, runtime=None))]
     #[allow(clippy::too_many_arguments)]
     fn load(
         py: Python<'_>,
@@ -320,8 +372,10 @@ impl NativeModel {
         literals: Option<PathBuf>,
         strip_prefix: Option<String>,
         add_prefix: Option<String>,
+        runtime: Option<(String, String)>,
     ) -> PyResult<(NativeModel, Vec<String>, usize, Timings)> {
         let rows = parse_rows(constants)?;
+        let runtime = runtime_choice(runtime)?;
         let (declared, contract_rows) = crate::artifact::contract_inputs(metadata)?;
         let naming = naming(strip_prefix, add_prefix);
         let (graph, report) = py
@@ -342,6 +396,7 @@ impl NativeModel {
                     contract,
                     weights: WeightsSource::Files(&checkpoint),
                     literals: literals.as_deref(),
+                    runtime,
                 })
             })
             .py()?;
@@ -395,6 +450,7 @@ impl NativeModel {
                     contract,
                     weights: WeightsSource::Set(set),
                     literals: literals.as_deref(),
+                    runtime: tcg_run::RuntimeChoice::libtorch(tcg_run::serve::SET_ON_LIBTORCH),
                 })
             })
             .py()?;
@@ -425,6 +481,18 @@ impl NativeModel {
             .py()?;
         let t = timings(&report.timings);
         Ok((report.ignored, t))
+    }
+
+    /// The runtime the model runs on: `"libtorch"` or `"shim-v1"`.
+    #[getter]
+    fn runtime(&self) -> &'static str {
+        self.inner.runtime().as_str()
+    }
+
+    /// Why the model runs on `runtime`.
+    #[getter]
+    fn runtime_reason(&self) -> String {
+        self.inner.runtime_reason().to_owned()
     }
 
     /// Bytes of constants the last bind added for this model alone, beyond

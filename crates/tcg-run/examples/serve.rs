@@ -8,8 +8,15 @@
 //!     --store STORE --key KEY --dest DIR --torch-lib .venv/.../torch/lib \
 //!     --weights weights.safetensors --io io.safetensors --in x [--out y] \
 //!     [--device cuda:0] [--repeat 100] [--rtol 1e-5 --atol 1e-6] \
-//!     [--strip-prefix unet.] [--add-prefix vae.] [--verbose]
+//!     [--strip-prefix unet.] [--add-prefix vae.] [--runtime auto|libtorch|shim] [--verbose]
 //! ```
+//!
+//! `--runtime` (else `TORCH_COMPILED_GRAPHS_RUNTIME`, else `auto`) picks the
+//! runtime: `auto` runs a CPU graph whose `.so` imports only shim set v1 on
+//! the shim carried inside this binary, without opening libtorch
+//! (`--torch-lib` is then unused), every other graph on libtorch
+//! (docs/run.md, "Runtime"). The JSON line carries `runtime` and
+//! `runtime_reason`.
 //!
 //! `--verbose` prints, on stderr, how long each phase of the cold start took
 //! (resolve, libraries opened, CUDA context, container created, weights
@@ -45,7 +52,7 @@ const MAX_REPEAT: usize = 1_000_000;
 const USAGE: &str = "usage: serve --store STORE --key KEY --dest DIR --torch-lib DIR \
 --weights PATH [--weights PATH ...] --io FILE --in NAME [--in NAME ...] [--out NAME ...] \
 [--device cpu|cuda:N] [--repeat N (0..=1000000)] [--rtol X] [--atol X] (finite, >= 0) \
-[--strip-prefix P] [--add-prefix P] [--cuda-graphs on|off] [--verbose]";
+[--strip-prefix P] [--add-prefix P] [--cuda-graphs on|off] [--runtime auto|libtorch|shim] [--verbose]";
 
 #[derive(Default)]
 struct Args {
@@ -64,6 +71,7 @@ struct Args {
     atol: f64,
     verbose: bool,
     cuda_graphs: Option<bool>,
+    runtime: Option<tcg_run::RuntimeOption>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -102,6 +110,12 @@ fn parse() -> Result<Args, String> {
             "--rtol" => a.rtol = tolerance("--rtol", &value()?)?,
             "--atol" => a.atol = tolerance("--atol", &value()?)?,
             "--verbose" => a.verbose = true,
+            "--runtime" => {
+                a.runtime = Some(
+                    tcg_run::RuntimeOption::parse(&value()?, "--runtime")
+                        .map_err(|e| e.message().to_owned())?,
+                )
+            }
             "--cuda-graphs" => {
                 a.cuda_graphs = Some(match value()?.as_str() {
                     "on" => true,
@@ -256,12 +270,13 @@ fn serve(args: &Args, captures: tcg_run::capture::CaptureOptions) -> tcg_core::R
             )
         })?;
     let resolve_s = start.elapsed().as_secs_f64();
-    let served = Served::load_with(
+    let served = Served::load_with_runtime(
         resolved,
         &args.torch_lib,
         &args.device,
         &args.weights,
         &args.naming,
+        args.runtime,
     )?;
     if served.graph().device().is_cuda() {
         served.graph().set_captures(captures);
@@ -288,6 +303,12 @@ fn serve(args: &Args, captures: tcg_run::capture::CaptureOptions) -> tcg_core::R
     timings.extend(served.timings().iter().copied());
     timings.push(("first_call", first_call_s));
     if args.verbose {
+        eprintln!(
+            "{:>17} {} ({})",
+            "runtime",
+            served.graph().runtime(),
+            served.graph().runtime_reason()
+        );
         for (phase, secs) in &timings {
             eprintln!("{phase:>17} {:9.1} ms", secs * 1e3);
         }
@@ -400,9 +421,11 @@ fn serve(args: &Args, captures: tcg_run::capture::CaptureOptions) -> tcg_core::R
     );
     ok &= same_as_first != Some(false);
     println!(
-        "{{\"device\":\"{}\",\"torch_check\":\"{}\",\"ttfi_s\":{ttfi:.6},\"call_median_s\":{},\"calls\":{},\"outputs\":[{}],\"checked\":{},\"max_abs_err\":{worst:e},\"ignored\":{},\"timings\":{{{}}},\"cuda_graphs\":{graphs},\"ok\":{ok}}}",
+        "{{\"device\":\"{}\",\"torch_check\":\"{}\",\"runtime\":\"{}\",\"runtime_reason\":{},\"ttfi_s\":{ttfi:.6},\"call_median_s\":{},\"calls\":{},\"outputs\":[{}],\"checked\":{},\"max_abs_err\":{worst:e},\"ignored\":{},\"timings\":{{{}}},\"cuda_graphs\":{graphs},\"ok\":{ok}}}",
         served.graph().device(),
         served.torch_check(),
+        served.graph().runtime(),
+        serde_json::to_string(served.graph().runtime_reason()).unwrap_or_else(|_| "null".into()),
         median.map_or("null".into(), |m| format!("{m:.9}")),
         latencies.len(),
         shapes.join(","),

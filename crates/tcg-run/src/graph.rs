@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use libloading::os::unix::{Library, Symbol, RTLD_LOCAL, RTLD_NOW};
+use libloading::os::unix::{Library, Symbol};
 use tcg_core::artifact::metadata::{ConstantRow, ConstantSource};
 use tcg_core::{Code, Error, Result};
 
@@ -22,6 +22,7 @@ use crate::cuda::{check_capability, wanted_capability, Device};
 use crate::extract::{extract, Extracted};
 use crate::inputs::{input_facts, InputFact};
 use crate::pipeline::{reader_threads, stage, stage_literals, Memory, Readers, Staged, Timings};
+use crate::runtime::{Runtime, RuntimeChoice};
 use crate::stdmap::CxxAbi;
 use crate::torch::{BorrowedTensor, Dtype, TensorHandle, Torch};
 use crate::weights::{Checkpoint, Naming};
@@ -188,6 +189,10 @@ pub struct LoadRequest<'a> {
     pub weights: WeightsSource<'a>,
     /// The literal payload, when the graph has literal rows.
     pub literals: Option<&'a Path>,
+    /// The runtime to run on and why ([`crate::runtime::choose_for_package`]);
+    /// `torch_lib` is not opened for the shim runtime. A weights set is
+    /// libtorch's: a graph bound to one runs on libtorch.
+    pub runtime: RuntimeChoice,
 }
 
 /// What the staging thread of a load produced.
@@ -233,6 +238,8 @@ pub struct Graph {
     added_bytes: std::sync::atomic::AtomicU64,
     // How long loading took, phase by phase.
     load_timings: Timings,
+    // The runtime the graph runs on and why it was chosen.
+    runtime_choice: RuntimeChoice,
     // Bumped by every bind: a CUDA graph captured under another generation
     // reads constants by addresses that may be gone, and is dropped.
     pub(crate) binding_generation: std::sync::atomic::AtomicU64,
@@ -322,12 +329,12 @@ impl Graph {
         timings: &mut Timings,
     ) -> Result<Graph> {
         let t = Instant::now();
-        // SAFETY: the .so comes from the package of a verified, admitted
-        // artifact (resolve checked its ELF machine and this host's ISA); its
-        // initialisers only register the kernels it carries.
-        let library =
-            unsafe { Library::open(Some(extracted.shared_object()), RTLD_NOW | RTLD_LOCAL) }
-                .map_err(|e| invalid(format!("cannot load the graph's .so: {e}")))?;
+        let library = torch.open_model(extracted.shared_object()).map_err(|e| {
+            invalid(format!(
+                "cannot load the graph's .so on the {} runtime: {e}",
+                torch.runtime()
+            ))
+        })?;
         timings.push(("open_model", t.elapsed().as_secs_f64()));
         let create: CreateWithDevice = get(&library, "AOTInductorModelContainerCreateWithDevice")?;
         let api = Api {
@@ -358,6 +365,12 @@ impl Graph {
         };
         let cxx = match (api.update_pairs, api.update_map) {
             (Some(_), _) => None,
+            (None, Some(_)) if torch.runtime() == Runtime::ShimV1 => {
+                return Err(Error::new(
+                    Code::RunNativeUnsupported,
+                    "the graph's .so binds constants only through a std::unordered_map, which the shim runtime does not build (libtorch's C++ runtime lays it out)",
+                ))
+            }
             (None, Some(_)) => Some(CxxAbi::open(torch.dir())?),
             (None, None) => return Err(invalid(
                 "the graph's .so exports no way to bind constants (UpdateConstantBuffer[Pairs])"
@@ -425,6 +438,10 @@ impl Graph {
             added_bytes: std::sync::atomic::AtomicU64::new(0),
             single_threaded: std::sync::atomic::AtomicBool::new(false),
             load_timings: Vec::new(),
+            runtime_choice: RuntimeChoice {
+                runtime: Runtime::Libtorch,
+                reason: String::new(),
+            },
             binding_generation: std::sync::atomic::AtomicU64::new(0),
             captures: Mutex::new(crate::capture::Captures::off("not enabled")),
             _library: library,
@@ -499,6 +516,10 @@ impl Graph {
             }
         }
         graph.check_rows(rows)?;
+        graph.runtime_choice = RuntimeChoice {
+            runtime: graph.torch.runtime(),
+            reason: "the runtime the caller opened".into(),
+        };
         timings.push(("create_container", t.elapsed().as_secs_f64()));
         Ok(graph)
     }
@@ -581,9 +602,17 @@ impl Graph {
     pub fn torch_dir(&self) -> &Path {
         self.torch.dir()
     }
-    /// libtorch, as loaded.
+    /// libtorch, as loaded (or the shim runtime: see [`Graph::runtime`]).
     pub fn torch(&self) -> &Arc<Torch> {
         &self.torch
+    }
+    /// The runtime the graph runs on (`libtorch`, `shim-v1`).
+    pub fn runtime(&self) -> Runtime {
+        self.runtime_choice.runtime
+    }
+    /// Why the graph runs on [`Graph::runtime`] (docs/run.md, "Runtime").
+    pub fn runtime_reason(&self) -> &str {
+        &self.runtime_choice.reason
     }
     /// The device the graph runs on.
     pub fn device(&self) -> Device {
@@ -626,6 +655,12 @@ impl Graph {
         if self.api.update_map.is_none() {
             return Err(invalid(
                 "the graph's .so has no UpdateConstantBuffer".into(),
+            ));
+        }
+        if self.torch.runtime() == Runtime::ShimV1 {
+            return Err(Error::new(
+                Code::RunNativeUnsupported,
+                "the shim runtime binds constants through the C pairs API only",
             ));
         }
         self.cxx = Some(CxxAbi::open(self.torch.dir())?);
@@ -1197,6 +1232,7 @@ impl Graph {
             contract,
             weights,
             literals,
+            runtime,
         } = req;
         let started = Instant::now();
         let parsed = Device::parse(device)?;
@@ -1246,7 +1282,11 @@ impl Graph {
             let loaded = (|| -> Result<(Graph, Timings)> {
                 let mut timings: Timings = early;
                 let t = Instant::now();
-                let torch = Torch::open(torch_lib).and_then(|torch| {
+                let torch = match runtime.runtime {
+                    Runtime::Libtorch => Torch::open(torch_lib),
+                    Runtime::ShimV1 => Torch::open_shim(),
+                }
+                .and_then(|torch| {
                     if parsed.is_cuda() {
                         torch.cuda()?;
                     }
@@ -1308,6 +1348,7 @@ impl Graph {
         let (mut graph, mut timings) = loaded?;
         let staged = staged?;
         graph.set_contract(contract);
+        graph.runtime_choice = runtime;
         let report = match (staged, &weights) {
             (Staging::Files(staged), _) => graph.bind_staged(staged)?,
             (Staging::Set(plan, literals, took), WeightsSource::Set(set)) => {

@@ -12,6 +12,10 @@
 //! `libtorch_cuda` and the CUDA runtime opened at run time too. Buffers cross
 //! in and out as DLPack tensors ([`dlpack`]) as well as raw addresses.
 //!
+//! A CPU graph whose `.so` imports only shim set v1 runs on the shim instead
+//! (`libtcg_shim.so`, carried inside this crate, no libtorch opened): the
+//! runtime is chosen from the artifact ([`runtime`]).
+//!
 //! Every failure is a [`tcg_core::Error`] with a stable `run.*` code.
 
 #![deny(missing_docs)]
@@ -28,7 +32,9 @@ pub mod inputs;
 pub mod lora;
 pub mod lora_fuse;
 pub mod pipeline;
+pub mod runtime;
 pub mod serve;
+pub mod shim_runtime;
 pub mod shim_set;
 mod stdmap;
 pub mod torch;
@@ -41,6 +47,7 @@ pub use graph::{
     BindReport, ConstantBuffer, ContainerConstant, Graph, Input, LoadRequest, WeightsSource,
 };
 pub use inputs::{Dim, InputFact};
+pub use runtime::{Runtime, RuntimeChoice, RuntimeOption};
 pub use serve::Served;
 pub use torch::{Dtype, OwnedTensor, Torch};
 pub use weights_set::WeightsSet;

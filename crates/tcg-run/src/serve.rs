@@ -22,9 +22,13 @@ use crate::capture::CaptureOptions;
 use crate::cuda::Device;
 use crate::graph::{BindReport, Graph, Input, LoadRequest, WeightsSource};
 use crate::inputs::Dim;
+use crate::runtime::{choose_for_package, OptionSource, Runtime, RuntimeChoice, RuntimeOption};
 use crate::torch::{OwnedTensor, Torch};
 use crate::weights::{Checkpoint, Naming};
 use crate::weights_set::WeightsSet;
+
+/// The reason of a graph bound to a weights set: sets are opened on libtorch.
+pub const SET_ON_LIBTORCH: &str = "bound to a weights set (weights sets run on libtorch)";
 
 /// One dimension the call ingress states.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -224,6 +228,10 @@ impl Served {
     /// `PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync`; otherwise calls run
     /// uncaptured and `graph().captures_reason()` says why.
     /// `graph().set_captures(..)` changes it later.
+    ///
+    /// The runtime is chosen from the artifact as
+    /// [`Served::load_with_runtime`] chooses it for `None` (the environment's
+    /// [`crate::runtime::RUNTIME_ENV`], else `auto`).
     pub fn load_with(
         resolved: Resolved,
         torch_lib: &Path,
@@ -231,12 +239,41 @@ impl Served {
         weights: &[PathBuf],
         naming: &Naming,
     ) -> Result<Served> {
+        Served::load_with_runtime(resolved, torch_lib, device, weights, naming, None)
+    }
+
+    /// [`Served::load_with`] on the runtime `runtime` asks for (`auto`,
+    /// `libtorch`, `shim`; `None`: [`crate::runtime::RUNTIME_ENV`], else
+    /// `auto`): `auto` runs a CPU graph whose `.so` imports only functions of
+    /// shim set v1 on `libtcg_shim.so`, without libtorch (`torch_lib` is then
+    /// not opened), unless libtorch is already loaded in this process; every
+    /// other graph on libtorch. `graph().runtime()` and
+    /// `graph().runtime_reason()` say which and why; `shim` on a graph the
+    /// shim cannot run is `run.native_unsupported`, naming the functions.
+    pub fn load_with_runtime(
+        resolved: Resolved,
+        torch_lib: &Path,
+        device: &str,
+        weights: &[PathBuf],
+        naming: &Naming,
+        runtime: Option<RuntimeOption>,
+    ) -> Result<Served> {
+        let (option, source) = match runtime {
+            Some(option) => (option, OptionSource::Option),
+            None => RuntimeOption::resolve(None)?,
+        };
+        let package = resolved
+            .destination
+            .join(tcg_core::artifact::PACKAGE_MEMBER);
+        let choice =
+            choose_for_package(&package, resolved.metadata.name(), device, option, source)?;
         let checkpoint = Checkpoint::open(weights, naming)?;
         Served::load_from(
             resolved,
             torch_lib,
             device,
             WeightsSource::Files(&checkpoint),
+            choice,
         )
     }
 
@@ -255,6 +292,7 @@ impl Served {
             &torch_lib,
             &device,
             WeightsSource::Set(Arc::clone(set)),
+            RuntimeChoice::libtorch(SET_ON_LIBTORCH),
         )
     }
 
@@ -263,8 +301,14 @@ impl Served {
         torch_lib: &Path,
         device: &str,
         weights: WeightsSource<'_>,
+        runtime: RuntimeChoice,
     ) -> Result<Served> {
-        let torch_check = check_torch(&resolved, torch_lib)?;
+        let torch_check = match runtime.runtime {
+            Runtime::Libtorch => check_torch(&resolved, torch_lib)?,
+            // No torch is opened: the package's imports were checked
+            // against the shim's set instead.
+            Runtime::ShimV1 => "not needed (shim runtime)",
+        };
         let package = resolved
             .destination
             .join(tcg_core::artifact::PACKAGE_MEMBER);
@@ -286,6 +330,7 @@ impl Served {
             contract,
             weights,
             literals: has_literals.then_some(literals.as_path()),
+            runtime,
         })?;
         if graph.device().is_cuda() {
             graph.set_captures(captures);

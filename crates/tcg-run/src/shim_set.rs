@@ -2,8 +2,8 @@
 //! runtime implements, and the test of a package's imports against one
 //! (issue 34; docs/shim.md).
 //!
-//! The runtime itself does not exist yet: this module is the contract it
-//! will be held to. `shim set v1` is data, `shim_set_v1.txt` beside this
+//! The runtime is `libtcg_shim.so` (crates/tcg-shim, chosen by
+//! [`crate::runtime`]); this module is the contract it is held to. `shim set v1` is data, `shim_set_v1.txt` beside this
 //! file (one name a line, sorted, `#` comments); it never changes once
 //! released, and a larger set is a new version.
 //!

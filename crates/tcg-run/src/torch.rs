@@ -11,10 +11,11 @@ use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use libloading::os::unix::{Library, Symbol, RTLD_GLOBAL, RTLD_NOW};
+use libloading::os::unix::{Library, Symbol, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
 use tcg_core::{Code, Error, Result};
 
 use crate::cuda::{Cuda, Device, CUDA};
+use crate::runtime::Runtime;
 
 /// An `AtenTensorHandle`: an opaque pointer to a tensor owned by libtorch.
 pub type TensorHandle = *mut c_void;
@@ -87,22 +88,30 @@ pub(crate) struct Shim {
     pub(crate) device_cuda: i32,
 }
 
-/// libtorch, loaded from one directory.
+/// A runtime that provides the C shim a graph's `.so` calls: libtorch,
+/// loaded from one directory, or `libtcg_shim.so` (shim set v1, no torch),
+/// loaded into a link-map namespace of its own ([`Torch::open_shim`]).
 pub struct Torch {
     dir: PathBuf,
     shim: Shim,
     dtypes: Vec<Dtype>,
-    _cpu: Library,
-    _torch: Library,
+    runtime: Runtime,
+    // The shim's link-map namespace, where its graphs' `.so`s are opened.
+    namespace: Option<libc::Lmid_t>,
+    _libraries: Vec<Library>,
 }
 
 impl std::fmt::Debug for Torch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Torch").field("dir", &self.dir).finish()
+        f.debug_struct("Torch")
+            .field("runtime", &self.runtime)
+            .field("dir", &self.dir)
+            .finish()
     }
 }
 
 static LOADED: Mutex<Option<Arc<Torch>>> = Mutex::new(None);
+static SHIM_LOADED: Mutex<Option<Arc<Torch>>> = Mutex::new(None);
 
 fn not_found(message: String) -> Error {
     Error::new(Code::RunTorchNotFound, message)
@@ -115,7 +124,7 @@ fn symbol<T: Copy>(lib: &Library, name: &str) -> Result<T> {
     // function pointer never dangles.
     let sym: Symbol<T> = unsafe { lib.get(name.as_bytes()) }.map_err(|e| {
         not_found(format!(
-            "libtorch lacks the shim function {name} this graph needs: {e}"
+            "the runtime library lacks the shim function {name}: {e}"
         ))
     })?;
     Ok(*sym)
@@ -163,21 +172,112 @@ impl Torch {
         };
         let cpu = open("libtorch_cpu.so")?;
         let torch = open("libtorch.so")?;
-        let device_cpu: Constant = symbol(&cpu, "aoti_torch_device_type_cpu")?;
-        let device_cuda: Constant = symbol(&cpu, "aoti_torch_device_type_cuda")?;
+        let (shim, dtypes) = table(&cpu)?;
+        let torch = Arc::new(Torch {
+            dir: canonical,
+            shim,
+            dtypes,
+            runtime: Runtime::Libtorch,
+            namespace: None,
+            _libraries: vec![cpu, torch],
+        });
+        *loaded = Some(Arc::clone(&torch));
+        Ok(torch)
+    }
+
+    /// The shim runtime: `libtcg_shim.so` (shim set v1, built from
+    /// crates/tcg-shim and carried inside this binary), opened once per
+    /// process into a new link-map namespace (`dlmopen(LM_ID_NEWLM)`) and
+    /// kept. The first object of a namespace is its global scope, so a
+    /// graph's `.so` opened into the same namespace ([`Torch::open_model`])
+    /// binds its `aoti_torch_*` imports to the shim and to nothing else,
+    /// while libtorch, in the base namespace whether it was loaded before or
+    /// is loaded later, never sees the shim's symbols (crates/tcg-shim/README.md,
+    /// "Loading").
+    pub fn open_shim() -> Result<Arc<Torch>> {
+        let mut loaded = SHIM_LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(shim) = loaded.as_ref() {
+            return Ok(Arc::clone(shim));
+        }
+        let (path, handle) = crate::shim_runtime::open_embedded()?;
+        let mut namespace: libc::Lmid_t = 0;
+        // SAFETY: `handle` is a live handle dlmopen returned; RTLD_DI_LMID
+        // writes one Lmid_t.
+        let rc = unsafe {
+            libc::dlinfo(
+                handle,
+                libc::RTLD_DI_LMID,
+                (&mut namespace as *mut libc::Lmid_t).cast(),
+            )
+        };
+        // SAFETY: a handle from dlmopen, owned from here on by the Library
+        // (never closed: the value lives in a static).
+        let library = unsafe { Library::from_raw(handle) };
+        if rc != 0 {
+            return Err(not_found(
+                "cannot read the link-map namespace of libtcg_shim.so".into(),
+            ));
+        }
+        let (shim, dtypes) = table(&library)?;
+        let torch = Arc::new(Torch {
+            dir: path,
+            shim,
+            dtypes,
+            runtime: Runtime::ShimV1,
+            namespace: Some(namespace),
+            _libraries: vec![library],
+        });
+        *loaded = Some(Arc::clone(&torch));
+        Ok(torch)
+    }
+
+    /// The runtime this value is.
+    pub fn runtime(&self) -> Runtime {
+        self.runtime
+    }
+
+    /// Whether the runtime's library exports `name` (a shim function).
+    pub fn provides(&self, name: &str) -> bool {
+        self._libraries.iter().any(|lib| {
+            // SAFETY: only whether the symbol exists is asked; nothing is called.
+            unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_ok()
+        })
+    }
+
+    /// Open a graph's `.so` at `path` against this runtime: for libtorch
+    /// globally loaded, `RTLD_NOW | RTLD_LOCAL`; for the shim, into the
+    /// shim's namespace, where every import resolves to the shim or a system
+    /// library (and `RTLD_NOW` makes a missing one a load-time refusal).
+    pub(crate) fn open_model(&self, path: &Path) -> std::result::Result<Library, String> {
+        let Some(namespace) = self.namespace else {
+            // SAFETY: the .so comes from the package of a verified, admitted
+            // artifact (resolve checked its ELF machine and this host's ISA);
+            // its initialisers only register the kernels it carries.
+            return unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
+                .map_err(|e| e.to_string());
+        };
+        crate::shim_runtime::open_in(namespace, path)
+    }
+}
+
+/// The shim functions and dtype codes of a runtime library.
+fn table(cpu: &Library) -> Result<(Shim, Vec<Dtype>)> {
+    {
+        let device_cpu: Constant = symbol(cpu, "aoti_torch_device_type_cpu")?;
+        let device_cuda: Constant = symbol(cpu, "aoti_torch_device_type_cuda")?;
         let shim = Shim {
-            create_from_blob: symbol(&cpu, "aoti_torch_create_tensor_from_blob")?,
-            delete: symbol(&cpu, "aoti_torch_delete_tensor_object")?,
-            data_ptr: symbol(&cpu, "aoti_torch_get_data_ptr")?,
-            dim: symbol(&cpu, "aoti_torch_get_dim")?,
-            sizes: symbol(&cpu, "aoti_torch_get_sizes")?,
-            strides: symbol(&cpu, "aoti_torch_get_strides")?,
-            dtype: symbol(&cpu, "aoti_torch_get_dtype")?,
-            device_type: symbol(&cpu, "aoti_torch_get_device_type")?,
-            device_index: symbol(&cpu, "aoti_torch_get_device_index")?,
-            empty_strided: symbol(&cpu, "aoti_torch_empty_strided")?,
-            copy: symbol(&cpu, "aoti_torch_copy_")?,
-            cpu_addmm_out: symbol(&cpu, "aoti_torch_cpu_addmm_out").ok(),
+            create_from_blob: symbol(cpu, "aoti_torch_create_tensor_from_blob")?,
+            delete: symbol(cpu, "aoti_torch_delete_tensor_object")?,
+            data_ptr: symbol(cpu, "aoti_torch_get_data_ptr")?,
+            dim: symbol(cpu, "aoti_torch_get_dim")?,
+            sizes: symbol(cpu, "aoti_torch_get_sizes")?,
+            strides: symbol(cpu, "aoti_torch_get_strides")?,
+            dtype: symbol(cpu, "aoti_torch_get_dtype")?,
+            device_type: symbol(cpu, "aoti_torch_get_device_type")?,
+            device_index: symbol(cpu, "aoti_torch_get_device_index")?,
+            empty_strided: symbol(cpu, "aoti_torch_empty_strided")?,
+            copy: symbol(cpu, "aoti_torch_copy_")?,
+            cpu_addmm_out: symbol(cpu, "aoti_torch_cpu_addmm_out").ok(),
             // SAFETY: `aoti_torch_device_type_*` take nothing and return an int32.
             device_cpu: unsafe { device_cpu() },
             // SAFETY: as above.
@@ -185,23 +285,18 @@ impl Torch {
         };
         let mut dtypes = Vec::with_capacity(DTYPES.len());
         for (name, size) in DTYPES {
-            let f: Constant = symbol(&cpu, &format!("aoti_torch_dtype_{name}"))?;
+            let f: Constant = symbol(cpu, &format!("aoti_torch_dtype_{name}"))?;
             // SAFETY: `aoti_torch_dtype_<name>` takes nothing and returns an int32.
             let code = unsafe { f() };
             dtypes.push(Dtype { name, code, size });
         }
-        let torch = Arc::new(Torch {
-            dir: canonical,
-            shim,
-            dtypes,
-            _cpu: cpu,
-            _torch: torch,
-        });
-        *loaded = Some(Arc::clone(&torch));
-        Ok(torch)
+        Ok((shim, dtypes))
     }
+}
 
-    /// The canonical directory libtorch was loaded from.
+impl Torch {
+    /// The canonical directory libtorch was loaded from (for the shim
+    /// runtime: the path `libtcg_shim.so` was opened from).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -224,6 +319,12 @@ impl Torch {
     /// (`libtorch_cuda.so` beside the other libraries); a torch without CUDA
     /// support, or a machine without a usable device, is `run.device_mismatch`.
     pub fn cuda(&self) -> Result<&'static Cuda> {
+        if self.runtime == Runtime::ShimV1 {
+            return Err(Error::new(
+                Code::RunDeviceMismatch,
+                "shim runtime: CUDA not yet supported",
+            ));
+        }
         // One libtorch directory per process (see `open`), so one CUDA state.
         match CUDA
             .get_or_init(|| Cuda::open(&self.dir).map_err(|e| (e.code(), e.message().to_owned())))

@@ -18,16 +18,14 @@ pub const AOTI_TORCH_SUCCESS: AotiTorchError = 0;
 pub const AOTI_TORCH_FAILURE: AotiTorchError = 1;
 
 /// Why a shim call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShimError {
     /// A pointer argument that must not be null was null.
-    #[error("null pointer passed as {arg}")]
     NullPointer {
         /// The parameter's name in shim.h.
         arg: &'static str,
     },
     /// A tensor handle that this shim did not create, or one already deleted.
-    #[error("{arg} is not a live tensor handle of this shim ({handle:#x})")]
     UnknownHandle {
         /// The parameter's name in shim.h.
         arg: &'static str,
@@ -35,14 +33,12 @@ pub enum ShimError {
         handle: usize,
     },
     /// A dtype number that is not one of shim.h's dtype constants.
-    #[error("unsupported dtype code {code}")]
     UnsupportedDtype {
         /// The number passed.
         code: i32,
     },
     /// A device this shim cannot serve (unknown type, bad index, or no
     /// allocator or operation for it yet).
-    #[error("unsupported device (type {device_type}, index {device_index}): {reason}")]
     UnsupportedDevice {
         /// The c10 device type number passed.
         device_type: i32,
@@ -52,19 +48,16 @@ pub enum ShimError {
         reason: &'static str,
     },
     /// A size, stride, dimension count or offset outside what the call accepts.
-    #[error("invalid argument: {detail}")]
     InvalidArgument {
         /// What was wrong, with the values.
         detail: String,
     },
     /// A size computation overflowed 64 bits.
-    #[error("size overflow: {detail}")]
     SizeOverflow {
         /// Which computation.
         detail: String,
     },
     /// A view that would read or write outside its storage.
-    #[error("view out of bounds: needs {needed} bytes of a storage of {storage} bytes")]
     ViewOutOfBounds {
         /// Bytes of storage the view reaches (offset included).
         needed: u128,
@@ -72,7 +65,6 @@ pub enum ShimError {
         storage: usize,
     },
     /// The allocator could not provide the memory.
-    #[error("allocation of {nbytes} bytes on {device} failed: {reason}")]
     AllocationFailed {
         /// Bytes requested.
         nbytes: usize,
@@ -82,13 +74,11 @@ pub enum ShimError {
         reason: String,
     },
     /// `copy_` between tensors it cannot copy (dtype, shape or device).
-    #[error("copy refused: {detail}")]
     CopyMismatch {
         /// What differs.
         detail: String,
     },
     /// A panic inside the shim, caught at the ABI boundary.
-    #[error("internal panic in {function}: {message}")]
     Panic {
         /// The exported function that panicked.
         function: &'static str,
@@ -96,6 +86,54 @@ pub enum ShimError {
         message: String,
     },
 }
+
+// Display by hand rather than derived: the crate has no dependency at all, so
+// that tcg-run's build script can compile it with `rustc` alone (the library
+// it embeds; see the README, "Loading").
+impl std::fmt::Display for ShimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShimError::NullPointer { arg, .. } => write!(f, "null pointer passed as {arg}"),
+            ShimError::UnknownHandle { arg, handle, .. } => write!(
+                f,
+                "{arg} is not a live tensor handle of this shim ({handle:#x})"
+            ),
+            ShimError::UnsupportedDtype { code, .. } => write!(f, "unsupported dtype code {code}"),
+            ShimError::UnsupportedDevice {
+                device_index,
+                device_type,
+                reason,
+                ..
+            } => write!(
+                f,
+                "unsupported device (type {device_type}, index {device_index}): {reason}"
+            ),
+            ShimError::InvalidArgument { detail, .. } => write!(f, "invalid argument: {detail}"),
+            ShimError::SizeOverflow { detail, .. } => write!(f, "size overflow: {detail}"),
+            ShimError::ViewOutOfBounds {
+                needed, storage, ..
+            } => write!(
+                f,
+                "view out of bounds: needs {needed} bytes of a storage of {storage} bytes"
+            ),
+            ShimError::AllocationFailed {
+                device,
+                nbytes,
+                reason,
+                ..
+            } => write!(
+                f,
+                "allocation of {nbytes} bytes on {device} failed: {reason}"
+            ),
+            ShimError::CopyMismatch { detail, .. } => write!(f, "copy refused: {detail}"),
+            ShimError::Panic {
+                function, message, ..
+            } => write!(f, "internal panic in {function}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for ShimError {}
 
 impl ShimError {
     /// A stable code for the error, e.g. `shim.null_pointer`.

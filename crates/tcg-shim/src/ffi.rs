@@ -514,3 +514,113 @@ pub unsafe extern "C" fn aoti_torch_clone(
         unsafe { write_out(ret, "ret", new_handle(out)) }
     })
 }
+
+/// A new tensor with its own storage, `self_`'s sizes and strides kept
+/// exactly (also for a view that is not dense: the new storage spans what
+/// the strides reach from offset 0), and `self_`'s values. Host memory only
+/// for now.
+///
+/// # Safety
+///
+/// `ret` must be writable when non-null.
+#[no_mangle]
+pub unsafe extern "C" fn aoti_torch_clone_preserve_strides(
+    self_: AtenTensorHandle,
+    ret: *mut AtenTensorHandle,
+) -> AotiTorchError {
+    guard("aoti_torch_clone_preserve_strides", || {
+        check_out(ret, "ret")?;
+        let out = with_tensor(self_, "self", |t| {
+            if t.device().device_type != DeviceType::Cpu {
+                return Err(ShimError::UnsupportedDevice {
+                    device_type: t.device().device_type.code(),
+                    device_index: t.device().index,
+                    reason: "clone of device memory needs the device runtime",
+                });
+            }
+            let out = Tensor::empty_strided(
+                t.sizes().to_vec(),
+                t.strides().to_vec(),
+                t.dtype(),
+                t.device(),
+            )?;
+            copy_host(&out, t)?;
+            Ok(out)
+        })?;
+        // SAFETY: non-null (checked) and writable by contract.
+        unsafe { write_out(ret, "ret", new_handle(out)) }
+    })
+}
+
+/// A new handle to the same view as `src` (a shallow copy: storage and
+/// metadata shared), written to `ret_dst`.
+///
+/// # Safety
+///
+/// `ret_dst` must be writable when non-null.
+#[no_mangle]
+pub unsafe extern "C" fn aoti_torch_assign_tensors_out(
+    src: AtenTensorHandle,
+    ret_dst: *mut AtenTensorHandle,
+) -> AotiTorchError {
+    guard("aoti_torch_assign_tensors_out", || {
+        check_out(ret_dst, "ret_dst")?;
+        let alias = with_tensor(src, "src", |t| Ok(t.alias()))?;
+        // SAFETY: non-null (checked) and writable by contract.
+        unsafe { write_out(ret_dst, "ret_dst", new_handle(alias)) }
+    })
+}
+
+/// Whether the handle holds a tensor: every live handle of this shim does
+/// (it has no undefined tensors); an unknown handle is refused.
+///
+/// # Safety
+///
+/// `ret_is_defined` must be writable when non-null.
+#[no_mangle]
+pub unsafe extern "C" fn aoti_torch_is_defined(
+    tensor: AtenTensorHandle,
+    ret_is_defined: *mut bool,
+) -> AotiTorchError {
+    guard("aoti_torch_is_defined", || {
+        check_out(ret_is_defined, "ret_is_defined")?;
+        with_tensor(tensor, "tensor", |_| Ok(()))?;
+        // SAFETY: non-null (checked) and writable by contract.
+        unsafe { write_out(ret_is_defined, "ret_is_defined", true) }
+    })
+}
+
+/// A warning of the generated code, written to stderr as c10 does (`func`,
+/// `file` and `msg` may each be null).
+///
+/// # Safety
+///
+/// Each non-null pointer must be a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn aoti_torch_warn(
+    func: *const std::ffi::c_char,
+    file: *const std::ffi::c_char,
+    line: u32,
+    msg: *const std::ffi::c_char,
+) {
+    let text = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: non-null and NUL-terminated by contract.
+            unsafe { std::ffi::CStr::from_ptr(p) }
+                .to_string_lossy()
+                .into_owned()
+        }
+    };
+    let _ = std::panic::catch_unwind(|| {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "Warning: {} (function {} in {}:{line})",
+            text(msg),
+            text(func),
+            text(file)
+        );
+    });
+}
