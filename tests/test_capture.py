@@ -473,6 +473,8 @@ def test_load_native_cpu_graph_never_captures(graph: StoredCompiledGraph, monkey
         ({"max_captures": True}, {}),
         ({}, {ENV_CUDA_GRAPHS: "maybe"}),
         ({}, {ENV_MAX_CAPTURES: "eight"}),
+        ({"cuda_graph_outputs": "borrowed"}, {}),
+        ({"cuda_graph_outputs": None}, {}),
     ],
 )
 def test_load_native_refuses_invalid_options(
@@ -496,6 +498,28 @@ def test_load_native_options_win_over_the_environment(
     monkeypatch.delenv(ENV_CUDA_GRAPHS)
     assert _capture_options(None, 0) == (False, 0, "max_captures is 0")
     assert _capture_options(None, None) == (True, 3, None)
+
+
+def test_static_outputs_of_an_uncaptured_graph_are_new_tensors(graph: StoredCompiledGraph) -> None:
+    """Static outputs change only what a replay hands back: a CPU graph (never
+    captured) returns new tensors under either mode, equal to each other and kept
+    across calls; the block's thread-local request is undone on exit."""
+    import numpy as np
+
+    weights = REFERENCE / "mlp-cpu.weights.safetensors"
+    native = graph.load_native(weights, cuda_graph_outputs="static")
+    copying = graph.load_native(weights)
+    xa = x_of(4).numpy()
+    xb = xa * 2
+    a = np.asarray(native(xa)).copy()
+    held = native(xa)
+    native(xb)
+    assert np.array_equal(np.asarray(held), a)
+    with copying.static_outputs():
+        assert getattr(copying._local, "static", None) is True
+        assert np.array_equal(np.asarray(copying(xa)), a)
+    assert not hasattr(copying._local, "static")
+    assert np.array_equal(np.asarray(copying(xa)), a)
 
 
 ALLOCATOR_CHILD = """

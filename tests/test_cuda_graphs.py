@@ -324,6 +324,26 @@ threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
 for th in threads: th.start()
 for th in threads: th.join()
 out["threads_wrong"] = wrong
+# 5b. static outputs: a replay hands back the capture's buffers (no copy), equal to
+# the uncaptured run and overwritten by the next call; copies are never overwritten.
+xa, xb = x_of(6, 1), x_of(6, 2)
+for _ in range(WARM + 1):
+    on(xa)
+kept = on(xa)
+with on.static_outputs():
+    s1 = on(xa)
+    s1_values = host(s1)
+    s2 = on(xb)
+out["static_equal"] = bool(np.array_equal(s1_values, host(off(xa)))) and same(s2, off(xb))
+out["static_overwritten"] = bool(np.array_equal(host(s1), host(off(xb))))
+out["copy_kept"] = same(kept, off(xa)) and same(on(xa), off(xa))
+static = g.load_native(w2, device="cuda:0", cuda_graph_outputs="static")
+for _ in range(WARM + 1):
+    static(xa)
+t1 = static(xa)
+t1_values = host(t1)
+static(xb)
+out["static_option"] = bool(np.array_equal(t1_values, host(off(xa)))) and same(t1, off(xb))
 # 6. eviction under a bound of 2.
 small = g.load_native(w2, device="cuda:0", max_captures=2)
 out["evict_equal"] = all(same(small(x_of(b, i)), off(x_of(b, i))) for i in range(6) for b in (1, 2, 3))
@@ -363,6 +383,8 @@ def test_load_native_replays_captures_equal_to_uncaptured_runs(minted: Any, tmp_
     assert got["device_inputs_equal"] is True and got["outputs_survive"] is True
     assert got["rebind_equal"] is True and got["invalidated"] == got["captured_before_rebind"] > 0
     assert got["threads_wrong"] == []
+    assert got["static_equal"] is True and got["static_overwritten"] is True and got["copy_kept"] is True
+    assert got["static_option"] is True
     assert got["evict_equal"] is True and got["stats_evict"]["evictions"] > 0
     assert got["stats_evict"]["captured"] == 2
     assert got["torch_backend"] == "cudaMallocAsync"

@@ -323,6 +323,7 @@ class StoredCompiledGraph(_Record):
         cuda_graphs: bool | None = None,
         max_captures: int | None = None,
         runtime: str | None = None,
+        cuda_graph_outputs: str = "copy",
     ) -> NativeGraph:
         """Load this graph without importing torch and bind ``weights`` from disk.
 
@@ -339,7 +340,10 @@ class StoredCompiledGraph(_Record):
         take numpy-compatible or DLPack arrays and return DLPack-exportable
         tensors. On a GPU, calls are replayed as CUDA graphs per shape set
         (``cuda_graphs``, ``max_captures`` and their environment variables as for
-        :meth:`load`; docs/run.md, "CUDA graphs"). ``weights`` may also be a
+        :meth:`load`; docs/run.md, "CUDA graphs"); a replayed call returns copies of
+        the capture's outputs, or with ``cuda_graph_outputs="static"`` (or within
+        ``with native.static_outputs():``) the capture's buffers themselves, valid
+        until the graph's next call. ``weights`` may also be a
         :class:`NativeWeightsSet` on the graph's device (``device`` defaults to the
         set's; the prefixes were applied when the set was opened): the graph then binds
         the set's memory without a copy. ``runtime`` (``"auto"``, ``"libtorch"``,
@@ -363,6 +367,7 @@ class StoredCompiledGraph(_Record):
             cuda_graphs=cuda_graphs,
             max_captures=max_captures,
             runtime=runtime,
+            cuda_graph_outputs=cuda_graph_outputs,
         )
 
     @property

@@ -21,9 +21,11 @@ See docs/run.md for what is checked and what is refused.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import os
+import threading
 import time
 
 from . import _native
@@ -43,7 +45,7 @@ from .outputs import GraphOutput
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterator, Mapping, Sequence
     from typing import Any
 
     from .engine import StoredCompiledGraph, StrPath
@@ -455,9 +457,19 @@ class NativeGraph:
         cuda_graphs: bool | None = None,
         max_captures: int | None = None,
         runtime: str | None = None,
+        cuda_graph_outputs: str = "copy",
     ) -> None:
         self._stored = stored
         self._naming = _naming(strip_prefix, add_prefix)
+        if cuda_graph_outputs not in ("copy", "static"):
+            raise BindingError(
+                f"cuda_graph_outputs must be one of ['copy', 'static'], got {cuda_graph_outputs!r}",
+                "run.option_invalid",
+            )
+        # "static": replayed calls return the capture's output buffers (no copy);
+        # `static_outputs()` asks that for one thread's calls in a block.
+        self._static_default = cuda_graph_outputs == "static"
+        self._local = threading.local()
         captures_wanted, captures_max, captures_off = _capture_options(cuda_graphs, max_captures)
         #: Names the weights provided that the graph does not bind: declared
         #: constants the compiler dropped (unused by the compiled code).
@@ -637,6 +649,22 @@ class NativeGraph:
         stats.pop("last_capture_seconds", None)
         return stats
 
+    @contextlib.contextmanager
+    def static_outputs(self) -> Iterator[None]:
+        """Within ``with graph.static_outputs():``, replayed calls of this thread return
+        the capture's output buffers without a copy, as ``cuda_graph_outputs="static"``
+        does: valid only until this graph's next call (of any shape), which overwrites
+        them; uncaptured calls return new tensors either way (docs/run.md)."""
+        before = getattr(self._local, "static", None)
+        self._local.static = True
+        try:
+            yield
+        finally:
+            if before is None:
+                del self._local.static
+            else:
+                self._local.static = before
+
     @property
     def torch_lib(self) -> str:
         """The libtorch directory the graph runs with (on the shim runtime: the
@@ -764,7 +792,8 @@ class NativeGraph:
             keep.append(held)
         # `keep` holds every input object (or its exported view) until the run returns.
         started = time.perf_counter() if self._first_call_pending else 0.0
-        outputs = self._model.run(inputs, self._stream)
+        static = getattr(self._local, "static", self._static_default)
+        outputs = self._model.run(inputs, self._stream, static)
         del keep, arrays
         if self._capture_pending:
             last = self._model.capture_stats().get("last_capture_seconds")

@@ -576,13 +576,16 @@ impl NativeModel {
     /// Run on `inputs` with the work queued on `stream` (0: the legacy
     /// default stream; always 0 on CPU). Each input is a `DLPackInput` or
     /// `(address, nbytes, dtype, shape)` of a C-contiguous host buffer that
-    /// the caller keeps alive and unchanged during the call.
-    #[pyo3(signature = (inputs, stream=0))]
+    /// the caller keeps alive and unchanged during the call. With
+    /// `static_outputs`, a replayed call returns the capture's output buffers
+    /// (no copy; valid until this graph's next call).
+    #[pyo3(signature = (inputs, stream=0, static_outputs=false))]
     fn run(
         &self,
         py: Python<'_>,
         inputs: Vec<Bound<'_, PyAny>>,
         stream: usize,
+        static_outputs: bool,
     ) -> PyResult<Vec<NativeTensor>> {
         let mut described = Vec::with_capacity(inputs.len());
         for item in &inputs {
@@ -606,7 +609,15 @@ impl NativeModel {
         // or DLPack capsule and holds that object (and `inputs` holds every
         // DLPackInput) across this call.
         let outputs = py
-            .detach(move || unsafe { graph.run_on(&described, stream) })
+            .detach(move || {
+                let outputs = if static_outputs {
+                    tcg_run::capture::Outputs::Static
+                } else {
+                    tcg_run::capture::Outputs::Copy
+                };
+                // SAFETY: as above.
+                unsafe { graph.run_on_with(&described, stream, outputs) }
+            })
             .py()?;
         drop(inputs);
         Ok(outputs

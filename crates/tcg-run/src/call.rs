@@ -44,6 +44,24 @@ impl Graph {
     /// that stay valid and unchanged until the work queued on `stream` is done;
     /// `stream` must be a live stream of the graph's device.
     pub unsafe fn run_on(&self, inputs: &[Input], stream: usize) -> Result<Vec<OwnedTensor>> {
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.run_on_with(inputs, stream, crate::capture::Outputs::Copy) }
+    }
+
+    /// [`Graph::run_on`], with what a replayed call hands back: copies of the
+    /// capture's outputs ([`Outputs::Copy`](crate::capture::Outputs::Copy), as
+    /// `run_on`), or the capture's output buffers themselves
+    /// ([`Outputs::Static`](crate::capture::Outputs::Static): no copy, valid
+    /// until this graph's next call). Uncaptured calls always return new tensors.
+    ///
+    /// # Safety
+    /// As [`Graph::run_on`].
+    pub unsafe fn run_on_with(
+        &self,
+        inputs: &[Input],
+        stream: usize,
+        outputs: crate::capture::Outputs,
+    ) -> Result<Vec<OwnedTensor>> {
         if inputs.len() != self.num_inputs {
             return Err(Error::new(
                 Code::RunCallInvalid,
@@ -136,7 +154,7 @@ impl Graph {
             self.refold(set, stream)?;
         }
         // SAFETY: the caller's contract is this function's.
-        if let Some(outputs) = unsafe { self.run_captured(inputs, &dtypes, stream)? } {
+        if let Some(outputs) = unsafe { self.run_captured(inputs, &dtypes, stream, outputs)? } {
             return Ok(outputs);
         }
         // The threaded run shares the lock (the container keeps a pool of

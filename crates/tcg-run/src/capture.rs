@@ -80,6 +80,18 @@ const ALLOC_CONF: [&str; 2] = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"];
 /// several threads would otherwise interleave allocator state).
 static CAPTURE_LOCK: Mutex<()> = Mutex::new(());
 
+/// What a replayed call hands back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Outputs {
+    /// New tensors holding a copy of the replay's outputs: never overwritten
+    /// by a later call (the default).
+    #[default]
+    Copy,
+    /// The capture's own output buffers, without a copy: valid until the
+    /// graph's next call (of any shape), which may overwrite them.
+    Static,
+}
+
 /// Whether and how much a graph's calls are captured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CaptureOptions {
@@ -544,6 +556,7 @@ impl Graph {
         inputs: &[Input],
         dtypes: &[Dtype],
         stream: usize,
+        outputs: Outputs,
     ) -> Result<Option<Vec<OwnedTensor>>> {
         let Device::Cuda(index) = self.device else {
             return Ok(None);
@@ -585,7 +598,7 @@ impl Graph {
                 let own = caps.stream;
                 let entry = caps.cache.get(i).expect("just found");
                 // SAFETY: as this function's; `entry` belongs to this shape set.
-                let out = unsafe { self.replay(cuda, &api, entry, inputs, stream, own) }?;
+                let out = unsafe { self.replay(cuda, &api, entry, inputs, stream, own, outputs) }?;
                 caps.stats.replays += 1;
                 Ok(Some(out))
             }
@@ -593,7 +606,7 @@ impl Graph {
                 let own = caps.stream(cuda, &api, index)?;
                 let started = Instant::now();
                 // SAFETY: as this function's.
-                match unsafe { self.capture(cuda, &api, inputs, dtypes, stream, own) } {
+                match unsafe { self.capture(cuda, &api, inputs, dtypes, stream, own, outputs) } {
                     Ok((entry, out)) => {
                         let took = started.elapsed().as_secs_f64();
                         caps.stats.captures += 1;
@@ -625,11 +638,13 @@ impl Graph {
     }
 
     /// Copy `inputs` into `entry`'s static buffers, replay it on `own`
-    /// (ordered after `caller`), copy its outputs into new tensors allocated
-    /// on `caller`, and order `caller` after it.
+    /// (ordered after `caller`), hand its outputs back (copied into new
+    /// tensors allocated on `caller`, or the static buffers themselves), and
+    /// order `caller` after it.
     ///
     /// # Safety
     /// As [`Graph::run_on`].
+    #[allow(clippy::too_many_arguments)]
     unsafe fn replay(
         &self,
         cuda: &Cuda,
@@ -638,9 +653,14 @@ impl Graph {
         inputs: &[Input],
         caller: usize,
         own: usize,
+        outputs: Outputs,
     ) -> Result<Vec<OwnedTensor>> {
-        let outs = self.fresh_outputs(entry, caller)?;
-        // The inputs' producers and the new outputs' allocation come first.
+        let outs = match outputs {
+            Outputs::Copy => self.fresh_outputs(entry, caller)?,
+            Outputs::Static => Vec::new(),
+        };
+        // The inputs' producers, the new outputs' allocation and (static) the
+        // caller's reads of the previous call's static outputs come first.
         cuda.order_streams(caller, own)?;
         for (input, dst) in inputs.iter().zip(&entry.inputs) {
             // SAFETY: both buffers hold `nbytes` (the shape set matched, the
@@ -653,8 +673,14 @@ impl Graph {
             unsafe { (api.launch)(entry.exec as *mut c_void, own as *mut c_void) },
             "cudaGraphLaunch",
         )?;
-        // SAFETY: `outs` were made from `entry`'s outputs.
-        unsafe { copy_outputs(cuda, api, entry, &outs, own) }?;
+        let outs = match outputs {
+            Outputs::Copy => {
+                // SAFETY: `outs` were made from `entry`'s outputs.
+                unsafe { copy_outputs(cuda, api, entry, &outs, own) }?;
+                outs
+            }
+            Outputs::Static => static_outputs(entry, caller)?,
+        };
         cuda.order_streams(own, caller)?;
         Ok(outs)
     }
@@ -675,6 +701,7 @@ impl Graph {
     ///
     /// # Safety
     /// As [`Graph::run_on`].
+    #[allow(clippy::too_many_arguments)]
     unsafe fn capture(
         &self,
         cuda: &Cuda,
@@ -683,6 +710,7 @@ impl Graph {
         dtypes: &[Dtype],
         caller: usize,
         own: usize,
+        outputs: Outputs,
     ) -> Result<(Entry, Vec<OwnedTensor>)> {
         cuda.order_streams(caller, own)?;
         let mut statics = Vec::with_capacity(inputs.len());
@@ -733,7 +761,7 @@ impl Graph {
         let mut graph: *mut c_void = std::ptr::null_mut();
         // SAFETY: ends the capture begun above, whatever the run did.
         let ended = unsafe { (api.end_capture)(own as *mut c_void, &mut graph) };
-        let outputs = match (ran, ended) {
+        let captured = match (ran, ended) {
             (Ok(outputs), 0) if !graph.is_null() => outputs,
             (ran, ended) => {
                 // SAFETY: clears the (non-sticky) capture error of this thread.
@@ -765,13 +793,13 @@ impl Graph {
         // SAFETY: as above.
         unsafe { (api.graph_destroy)(graph) };
         if let Err(e) = cuda.check(rc, "cudaGraphInstantiateWithFlags") {
-            std::mem::forget(outputs);
+            std::mem::forget(captured);
             return Err(e);
         }
         let entry = Entry {
             exec: exec as usize,
             inputs: statics,
-            outputs,
+            outputs: captured,
         };
         // This call's results: the first launch, then copies for the caller.
         // SAFETY: as this function's; the inputs are already in place.
@@ -780,10 +808,16 @@ impl Graph {
                 unsafe { (api.launch)(exec, own as *mut c_void) },
                 "cudaGraphLaunch",
             )?;
-            let outs = self.fresh_outputs(&entry, caller)?;
-            cuda.order_streams(caller, own)?;
-            // SAFETY: `outs` were made from `entry`'s outputs.
-            unsafe { copy_outputs(cuda, api, &entry, &outs, own) }?;
+            let outs = match outputs {
+                Outputs::Copy => {
+                    let outs = self.fresh_outputs(&entry, caller)?;
+                    cuda.order_streams(caller, own)?;
+                    // SAFETY: `outs` were made from `entry`'s outputs.
+                    unsafe { copy_outputs(cuda, api, &entry, &outs, own) }?;
+                    outs
+                }
+                Outputs::Static => static_outputs(&entry, caller)?,
+            };
             cuda.order_streams(own, caller)?;
             Ok(outs)
         })();
@@ -796,6 +830,14 @@ impl Graph {
             }
         }
     }
+}
+
+/// Second handles to `entry`'s static outputs, for work queued on `caller`
+/// (which the caller orders after the replay). They share the buffers'
+/// storage, so the memory is released only once both they and the capture
+/// are gone: after the executable graph was destroyed, as for the copies.
+fn static_outputs(entry: &Entry, caller: usize) -> Result<Vec<OwnedTensor>> {
+    entry.outputs.iter().map(|o| o.alias(caller)).collect()
 }
 
 /// Copy `entry`'s static outputs into `outs` on `stream`.

@@ -546,9 +546,25 @@ impl Served {
     /// As [`Graph::run_on`]: each input's memory stays valid and unchanged
     /// until the work queued on `stream` is done.
     pub unsafe fn run(&self, inputs: &[Input], stream: usize) -> Result<Vec<OwnedTensor>> {
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.run_with(inputs, stream, crate::capture::Outputs::Copy) }
+    }
+
+    /// [`Served::run`], with what a replayed call hands back
+    /// ([`Graph::run_on_with`]): `Outputs::Static` returns the capture's output
+    /// buffers without a copy, valid until this graph's next call.
+    ///
+    /// # Safety
+    /// As [`Served::run`].
+    pub unsafe fn run_with(
+        &self,
+        inputs: &[Input],
+        stream: usize,
+        outputs: crate::capture::Outputs,
+    ) -> Result<Vec<OwnedTensor>> {
         self.check(inputs)?;
         // SAFETY: the caller's contract is this function's.
-        unsafe { self.graph.run_on(inputs, stream) }
+        unsafe { self.graph.run_on_with(inputs, stream, outputs) }
     }
 
     /// Run on host buffers `(bytes, dtype, shape)`, which are copied to the

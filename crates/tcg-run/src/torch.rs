@@ -40,6 +40,7 @@ type Constant = unsafe extern "C" fn() -> i32;
 type EmptyStrided =
     unsafe extern "C" fn(i64, *const i64, *const i64, i32, i32, i32, *mut TensorHandle) -> i32;
 type CopyInto = unsafe extern "C" fn(TensorHandle, TensorHandle, i32) -> i32;
+type NewHandle = unsafe extern "C" fn(TensorHandle, *mut TensorHandle) -> i32;
 
 /// The dtypes the native path binds and runs, by inductor's short name, with
 /// their element sizes. The numeric code of each is asked from libtorch.
@@ -81,6 +82,8 @@ pub(crate) struct Shim {
     device_index: GetI32,
     empty_strided: EmptyStrided,
     copy: CopyInto,
+    /// `aoti_torch_new_tensor_handle`: a second handle to a tensor's storage.
+    new_handle: NewHandle,
     /// `aoti_torch_cpu_addmm_out` (c_shim_cpu.h), for fusing a LoRA on the
     /// CPU; absent from runtimes without it.
     pub(crate) cpu_addmm_out: Option<crate::cuda::AddmmOut>,
@@ -277,6 +280,7 @@ fn table(cpu: &Library) -> Result<(Shim, Vec<Dtype>)> {
             device_index: symbol(cpu, "aoti_torch_get_device_index")?,
             empty_strided: symbol(cpu, "aoti_torch_empty_strided")?,
             copy: symbol(cpu, "aoti_torch_copy_")?,
+            new_handle: symbol(cpu, "aoti_torch_new_tensor_handle")?,
             cpu_addmm_out: symbol(cpu, "aoti_torch_cpu_addmm_out").ok(),
             // SAFETY: `aoti_torch_device_type_*` take nothing and return an int32.
             device_cpu: unsafe { device_cpu() },
@@ -566,6 +570,24 @@ impl OwnedTensor {
             device,
             stream: if device.is_cuda() { stream } else { 0 },
         })
+    }
+
+    /// A second owner of this tensor's storage (same memory, shape and
+    /// strides; the storage lives until both are dropped), ready for work
+    /// queued on `stream`.
+    pub(crate) fn alias(&self, stream: usize) -> Result<OwnedTensor> {
+        let mut handle: TensorHandle = std::ptr::null_mut();
+        // SAFETY: `self.handle` is live while `self` is; the new handle is
+        // owned by the returned value.
+        let rc = unsafe { (self.torch.shim.new_handle)(self.handle, &mut handle) };
+        if rc != 0 || handle.is_null() {
+            return Err(Error::new(
+                Code::RunExecutionFailed,
+                "cannot make a second handle to an output tensor",
+            ));
+        }
+        // SAFETY: a live handle that nothing else owns.
+        unsafe { OwnedTensor::from_raw(Arc::clone(&self.torch), handle, stream) }
     }
 
     /// A new, uninitialised C-contiguous tensor on `device`, allocated by
