@@ -1113,7 +1113,20 @@ elif mode == "mint":
         unet = build()
         args = torch_inputs(h)
         t = time.perf_counter()
-        with torch.no_grad():
+        # --weights-once-attention flash: exported with flash / memory-efficient
+        # attention only (no cuDNN attention, whose plans are built per shape on
+        # each bucket's first call): another graph, another key.
+        from contextlib import nullcontext
+
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        attention = os.environ.get("TCG_BENCH_ATTENTION", "default")
+        chosen = (
+            sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
+            if attention == "flash"
+            else nullcontext()
+        )
+        with torch.no_grad(), chosen:
             program = torch.export.export(unet, args)
             export_s = time.perf_counter() - t
             major, minor = torch.cuda.get_device_capability()
@@ -1572,6 +1585,7 @@ def weights_once(
     save: Callable[[], None],
     repeat: int,
     stages: tuple[str, ...] = WEIGHTS_ONCE_STAGES,
+    attention: str = "default",
 ) -> None:
     """Issue 33's benchmark (``--weights-once``): a ~1 GB bf16 denoiser in four resolution
     buckets, minted in parallel (reused when ``work`` already holds them: ``--weights-once-work``),
@@ -1582,7 +1596,8 @@ def weights_once(
 
     work.mkdir(parents=True, exist_ok=True)
     env = child_env(site)
-    result["config"] = DENOISER
+    env["TCG_BENCH_ATTENTION"] = attention
+    result["config"] = {**DENOISER, "attention": attention}
     result["note"] = (
         "memory: bytes in use on the device (mem_get_info after empty_cache) above a baseline taken after "
         "the CUDA context, cuBLAS, cuDNN and SDPA were first used; graphs loaded without CUDA graphs for the "
@@ -1854,6 +1869,13 @@ def main() -> None:
         "a folder from an earlier run is reused (no setup, no mint), so the stages can be split across commands",
     )
     parser.add_argument(
+        "--weights-once-attention",
+        choices=("default", "flash"),
+        default="default",
+        help="export the denoiser's buckets with the attention torch picks (default) or with flash / "
+        "memory-efficient attention only (flash: no per-shape cuDNN attention plans on first calls)",
+    )
+    parser.add_argument(
         "--weights-once-stages",
         default=",".join(WEIGHTS_ONCE_STAGES),
         help=f"the measurements to run after setup and mint (default: all of {','.join(WEIGHTS_ONCE_STAGES)}; "
@@ -1972,7 +1994,7 @@ def main() -> None:
             stages = tuple(x for x in args.weights_once_stages.split(",") if x in WEIGHTS_ONCE_STAGES)
             once_work = Path(args.weights_once_work) if args.weights_once_work else Path(tmp) / "weights-once"
             try:
-                weights_once(site, once_work, once, save_once, args.repeat, stages)
+                weights_once(site, once_work, once, save_once, args.repeat, stages, args.weights_once_attention)
             except Exception as exc:  # recorded, and the run fails below
                 once["error"] = f"{type(exc).__name__}: {exc}"[-4000:]
             save_once()
