@@ -39,7 +39,7 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tcg_core::{Code, Error, Result};
@@ -357,11 +357,44 @@ struct Entry {
 
 type ShapeSet = Vec<(i32, Vec<i64>)>;
 
+/// A graph's capture stream, destroyed when its last holder goes: the
+/// captures, and every static output handed out (libtorch frees a capture's
+/// memory on the stream it was allocated on, so the stream must outlive the
+/// last handle to that memory, which a caller may keep past the captures).
+struct OwnStream {
+    stream: usize,
+    destroy: crate::cuda::PtrIn,
+}
+
+impl Drop for OwnStream {
+    fn drop(&mut self) {
+        // SAFETY: made by `Captures::stream` and destroyed once, here; work
+        // still queued on it completes first (cudaStreamDestroy's contract).
+        unsafe { (self.destroy)(self.stream as *mut c_void) };
+    }
+}
+
+/// What a replay hands back, with what static outputs keep alive.
+enum Hand {
+    Copy,
+    Static(Arc<OwnStream>),
+}
+
+impl Hand {
+    fn of(outputs: Outputs, caps: &Captures) -> Hand {
+        match (outputs, &caps.own_stream) {
+            (Outputs::Static, Some(stream)) => Hand::Static(Arc::clone(stream)),
+            _ => Hand::Copy,
+        }
+    }
+}
+
 /// The captures of one graph.
 pub(crate) struct Captures {
     reason: Option<String>,
     cache: ShapeCache<ShapeSet, Entry>,
     stream: usize,
+    own_stream: Option<Arc<OwnStream>>,
     generation: u64,
     stats: CaptureStats,
 }
@@ -378,6 +411,7 @@ impl Captures {
             reason: Some(reason.to_owned()),
             cache: ShapeCache::new(0),
             stream: 0,
+            own_stream: None,
             generation: 0,
             stats: CaptureStats::default(),
         }
@@ -417,13 +451,10 @@ impl Captures {
             return;
         }
         if let Ok(cuda) = torch.cuda() {
-            if let Some(api) = cuda.graphs {
-                let _ = cuda.synchronize(self.stream);
-                // SAFETY: the stream was made by `stream()`, is idle and is
-                // destroyed once (the handle is forgotten below).
-                unsafe { (api.stream_destroy)(self.stream as *mut c_void) };
-            }
+            let _ = cuda.synchronize(self.stream);
         }
+        // Destroyed now, or when the last static output handed out goes.
+        self.own_stream = None;
         self.stream = 0;
     }
 
@@ -437,6 +468,10 @@ impl Captures {
                 "cudaStreamCreateWithFlags",
             )?;
             self.stream = s as usize;
+            self.own_stream = Some(Arc::new(OwnStream {
+                stream: self.stream,
+                destroy: api.stream_destroy,
+            }));
         }
         Ok(self.stream)
     }
@@ -446,6 +481,8 @@ impl Drop for Captures {
     fn drop(&mut self) {
         if self.cache.len() > 0 || self.stream != 0 {
             debug("captures dropped without their graph's libtorch (leaked)");
+            // The stream too: its captures' memory was never freed on it.
+            std::mem::forget(self.own_stream.take());
         }
     }
 }
@@ -483,6 +520,7 @@ impl Graph {
                 reason: None,
                 cache: ShapeCache::new(options.max_captures),
                 stream: 0,
+                own_stream: None,
                 generation: self.binding_generation.load(Ordering::SeqCst),
                 stats: CaptureStats::default(),
             },
@@ -596,17 +634,19 @@ impl Graph {
             }
             Next::Replay(i) => {
                 let own = caps.stream;
+                let hand = Hand::of(outputs, &caps);
                 let entry = caps.cache.get(i).expect("just found");
                 // SAFETY: as this function's; `entry` belongs to this shape set.
-                let out = unsafe { self.replay(cuda, &api, entry, inputs, stream, own, outputs) }?;
+                let out = unsafe { self.replay(cuda, &api, entry, inputs, stream, own, hand) }?;
                 caps.stats.replays += 1;
                 Ok(Some(out))
             }
             Next::Capture => {
                 let own = caps.stream(cuda, &api, index)?;
+                let hand = Hand::of(outputs, &caps);
                 let started = Instant::now();
                 // SAFETY: as this function's.
-                match unsafe { self.capture(cuda, &api, inputs, dtypes, stream, own, outputs) } {
+                match unsafe { self.capture(cuda, &api, inputs, dtypes, stream, own, hand) } {
                     Ok((entry, out)) => {
                         let took = started.elapsed().as_secs_f64();
                         caps.stats.captures += 1;
@@ -653,11 +693,11 @@ impl Graph {
         inputs: &[Input],
         caller: usize,
         own: usize,
-        outputs: Outputs,
+        hand: Hand,
     ) -> Result<Vec<OwnedTensor>> {
-        let outs = match outputs {
-            Outputs::Copy => self.fresh_outputs(entry, caller)?,
-            Outputs::Static => Vec::new(),
+        let outs = match hand {
+            Hand::Copy => self.fresh_outputs(entry, caller)?,
+            Hand::Static(_) => Vec::new(),
         };
         // The inputs' producers, the new outputs' allocation and (static) the
         // caller's reads of the previous call's static outputs come first.
@@ -673,13 +713,13 @@ impl Graph {
             unsafe { (api.launch)(entry.exec as *mut c_void, own as *mut c_void) },
             "cudaGraphLaunch",
         )?;
-        let outs = match outputs {
-            Outputs::Copy => {
+        let outs = match hand {
+            Hand::Copy => {
                 // SAFETY: `outs` were made from `entry`'s outputs.
                 unsafe { copy_outputs(cuda, api, entry, &outs, own) }?;
                 outs
             }
-            Outputs::Static => static_outputs(entry, caller)?,
+            Hand::Static(stream) => static_outputs(entry, caller, stream)?,
         };
         cuda.order_streams(own, caller)?;
         Ok(outs)
@@ -710,7 +750,7 @@ impl Graph {
         dtypes: &[Dtype],
         caller: usize,
         own: usize,
-        outputs: Outputs,
+        hand: Hand,
     ) -> Result<(Entry, Vec<OwnedTensor>)> {
         cuda.order_streams(caller, own)?;
         let mut statics = Vec::with_capacity(inputs.len());
@@ -808,15 +848,15 @@ impl Graph {
                 unsafe { (api.launch)(exec, own as *mut c_void) },
                 "cudaGraphLaunch",
             )?;
-            let outs = match outputs {
-                Outputs::Copy => {
+            let outs = match hand {
+                Hand::Copy => {
                     let outs = self.fresh_outputs(&entry, caller)?;
                     cuda.order_streams(caller, own)?;
                     // SAFETY: `outs` were made from `entry`'s outputs.
                     unsafe { copy_outputs(cuda, api, &entry, &outs, own) }?;
                     outs
                 }
-                Outputs::Static => static_outputs(&entry, caller)?,
+                Hand::Static(stream) => static_outputs(&entry, caller, stream)?,
             };
             cuda.order_streams(own, caller)?;
             Ok(outs)
@@ -835,9 +875,23 @@ impl Graph {
 /// Second handles to `entry`'s static outputs, for work queued on `caller`
 /// (which the caller orders after the replay). They share the buffers'
 /// storage, so the memory is released only once both they and the capture
-/// are gone: after the executable graph was destroyed, as for the copies.
-fn static_outputs(entry: &Entry, caller: usize) -> Result<Vec<OwnedTensor>> {
-    entry.outputs.iter().map(|o| o.alias(caller)).collect()
+/// are gone: after the executable graph was destroyed, as for the copies,
+/// on the capture stream, which each handle keeps alive until then.
+fn static_outputs(
+    entry: &Entry,
+    caller: usize,
+    stream: Arc<OwnStream>,
+) -> Result<Vec<OwnedTensor>> {
+    entry
+        .outputs
+        .iter()
+        .map(|o| {
+            o.alias(
+                caller,
+                Arc::clone(&stream) as Arc<dyn std::any::Any + Send + Sync>,
+            )
+        })
+        .collect()
 }
 
 /// Copy `entry`'s static outputs into `outs` on `stream`.

@@ -476,6 +476,9 @@ pub struct OwnedTensor {
     data: *mut c_void,
     device: Device,
     stream: usize,
+    // What must outlive the handle's deletion (dropped after it): the capture
+    // stream a static output's memory is freed on.
+    keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: the handle is a reference-counted libtorch tensor that this value
@@ -569,13 +572,20 @@ impl OwnedTensor {
             data,
             device,
             stream: if device.is_cuda() { stream } else { 0 },
+            keep: None,
         })
     }
 
     /// A second owner of this tensor's storage (same memory, shape and
     /// strides; the storage lives until both are dropped), ready for work
-    /// queued on `stream`.
-    pub(crate) fn alias(&self, stream: usize) -> Result<OwnedTensor> {
+    /// queued on `stream`; `keep` is dropped only after the new handle was
+    /// deleted (what freeing the storage needs, such as the stream it was
+    /// allocated on).
+    pub(crate) fn alias(
+        &self,
+        stream: usize,
+        keep: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<OwnedTensor> {
         let mut handle: TensorHandle = std::ptr::null_mut();
         // SAFETY: `self.handle` is live while `self` is; the new handle is
         // owned by the returned value.
@@ -587,7 +597,9 @@ impl OwnedTensor {
             ));
         }
         // SAFETY: a live handle that nothing else owns.
-        unsafe { OwnedTensor::from_raw(Arc::clone(&self.torch), handle, stream) }
+        let mut alias = unsafe { OwnedTensor::from_raw(Arc::clone(&self.torch), handle, stream) }?;
+        alias.keep = Some(keep);
+        Ok(alias)
     }
 
     /// A new, uninitialised C-contiguous tensor on `device`, allocated by
