@@ -111,13 +111,13 @@ fn guards_without_a_driver_are_refused_and_write_no_handle() {
 fn the_current_stream_is_the_legacy_stream_until_the_runtime_sets_one_per_thread() {
     no_driver();
     let get = |index: i32| -> *mut c_void {
-        let mut s: *mut c_void = 0x1 as *mut c_void;
+        let mut s: *mut c_void = 0x10 as *mut c_void;
         // SAFETY: `s` is writable.
         ok(unsafe { aoti_torch_get_current_cuda_stream(index, &mut s) });
         s
     };
     assert!(get(0).is_null(), "the legacy default stream");
-    let mut previous: *mut c_void = 0x1 as *mut c_void;
+    let mut previous: *mut c_void = 0x10 as *mut c_void;
     // SAFETY: `previous` is writable; the stream is only recorded.
     ok(unsafe { tcg_shim_set_current_cuda_stream(0, 0x5000 as *mut c_void, &mut previous) });
     assert!(previous.is_null());
