@@ -190,14 +190,16 @@ def test_the_reference_package_runs_on_libtorch_naming_addmm_and_a_forced_shim_i
     refused_binding("run.option_invalid", graph.load_native, REFERENCE_WEIGHTS, runtime="shim-v1")
 
 
-def test_a_cuda_device_is_not_given_to_the_shim(graph: Any) -> None:
+def test_a_cuda_device_goes_to_the_shim_only_when_forced(graph: Any) -> None:
     from torch_compiled_graphs import _native
 
     package = os.fspath(graph.package_path)
     assert _native.choose_runtime(package, graph.graph_class, "cuda:0", "auto") == (
         "libtorch",
-        "shim runtime: CUDA not yet supported",
+        "shim runtime on CUDA: not yet verified on a GPU",
     )
     with pytest.raises(Exception) as e:
         _native.choose_runtime(package, graph.graph_class, "cuda:0", "shim")
     assert getattr(e.value, "code", None) == "run.native_unsupported", str(e.value)
+    # Forced, the imports decide as on the CPU: the reference package's GEMM.
+    assert "aoti_torch_cpu_addmm_out" in str(e.value)

@@ -506,7 +506,7 @@ class NativeGraph:
         self.runtime: str = runtime_name
         #: Why: ``"every import (N aoti_torch_*) in shim set v1"``, the first
         #: imports outside the set, ``"libtorch already loaded in this process"``,
-        #: ``"shim runtime: CUDA not yet supported"``, ``"forced by option"``, ...
+        #: ``"shim runtime on CUDA: not yet verified on a GPU"``, ``"forced by option"``, ...
         self.runtime_reason: str = runtime_reason
         LOGGER.debug("load_native %s: runtime %s (%s)", stored.key, runtime_name, runtime_reason)
         if runtime_name == "libtorch":

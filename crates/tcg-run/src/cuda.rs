@@ -11,7 +11,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 
-use libloading::os::unix::{Library, Symbol, RTLD_GLOBAL, RTLD_NOW};
+use libloading::os::unix::{Library, Symbol, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
 use tcg_core::{Code, Error, Result};
 
 /// Where a graph runs, or where a buffer lives.
@@ -238,6 +238,65 @@ impl Cuda {
         })
     }
 
+    /// The same entry points over the CUDA driver API (`libcuda.so.1`), for
+    /// the shim runtime on CUDA, where no libtorch (and so no CUDA runtime of
+    /// its) is loaded: the driver functions whose C signatures match the
+    /// runtime's are used as they are (`cuStreamSynchronize` for
+    /// `cudaStreamSynchronize`, `cuGraphLaunch` for `cudaGraphLaunch`, the
+    /// capture mode and instantiate flag numbers agree), the others through
+    /// small adapters (`cudaSetDevice` is the device's primary context made
+    /// current, `cudaMemcpyAsync` is `cuMemcpyAsync` with the direction
+    /// inferred from the addresses). The stream guard is the shim's own, so
+    /// the current stream it sets is the one the shim allocates on. Error
+    /// codes in messages are then `CUresult` numbers.
+    pub(crate) fn open_driver(shim: &Library) -> Result<Cuda> {
+        // Opens and initialises the driver the adapters call.
+        driver_fns()?;
+        // SAFETY: the NVIDIA driver's library, already opened by driver_fns.
+        let lib =
+            unsafe { Library::open(Some("libcuda.so.1"), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| {
+                unavailable(format!(
+                    "CUDA is not available: cannot load libcuda.so.1: {e}"
+                ))
+            })?;
+        let graphs = (|| -> Result<GraphApi> {
+            Ok(GraphApi {
+                stream_create: symbol(&lib, "cuStreamCreate")?,
+                stream_destroy: symbol(&lib, "cuStreamDestroy_v2")?,
+                begin_capture: symbol(&lib, "cuStreamBeginCapture_v2")?,
+                end_capture: symbol(&lib, "cuStreamEndCapture")?,
+                instantiate: symbol(&lib, "cuGraphInstantiateWithFlags")?,
+                launch: symbol(&lib, "cuGraphLaunch")?,
+                exec_destroy: symbol(&lib, "cuGraphExecDestroy")?,
+                graph_destroy: symbol(&lib, "cuGraphDestroy")?,
+                memcpy_async: drv_memcpy_async,
+                last_error: drv_last_error,
+            })
+        })()
+        .ok();
+        Ok(Cuda {
+            stream_guard_new: symbol(shim, "aoti_torch_create_cuda_stream_guard")?,
+            stream_guard_delete: symbol(shim, "aoti_torch_delete_cuda_stream_guard")?,
+            device_count: drv_device_count,
+            attribute: drv_attribute,
+            set_device: drv_set_device,
+            get_device: drv_get_device,
+            stream_synchronize: symbol(&lib, "cuStreamSynchronize")?,
+            device_synchronize: symbol(&lib, "cuCtxSynchronize")?,
+            event_create: symbol(&lib, "cuEventCreate")?,
+            event_record: symbol(&lib, "cuEventRecord")?,
+            wait_event: symbol(&lib, "cuStreamWaitEvent")?,
+            event_destroy: symbol(&lib, "cuEventDestroy_v2")?,
+            stream_create: symbol(&lib, "cuStreamCreate")?,
+            stream_destroy: symbol(&lib, "cuStreamDestroy_v2")?,
+            error_string: drv_error_string,
+            addmm_out: None,
+            mm_out: None,
+            graphs,
+            _lib: lib,
+        })
+    }
+
     pub(crate) fn check(&self, rc: c_int, what: &str) -> Result<()> {
         if rc == 0 {
             return Ok(());
@@ -441,6 +500,152 @@ impl Drop for StreamGuard<'_> {
         // SAFETY: created by `stream_guard` and deleted exactly once here.
         unsafe { (self.cuda.stream_guard_delete)(self.guard) };
     }
+}
+
+/// The driver functions behind the adapters of [`Cuda::open_driver`].
+struct DriverFns {
+    init: unsafe extern "C" fn(u32) -> c_int,
+    device_get_count: IntOut,
+    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> c_int,
+    device_get_attribute: Attribute,
+    primary_ctx_retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int,
+    ctx_set_current: PtrIn,
+    ctx_get_device: IntOut,
+    memcpy_async: unsafe extern "C" fn(u64, u64, usize, *mut c_void) -> c_int,
+    get_error_string: unsafe extern "C" fn(c_int, *mut *const c_char) -> c_int,
+    _lib: Library,
+}
+
+static DRIVER_FNS: OnceLock<std::result::Result<DriverFns, String>> = OnceLock::new();
+
+fn driver_fns() -> Result<&'static DriverFns> {
+    DRIVER_FNS
+        .get_or_init(|| {
+            (|| -> Result<DriverFns> {
+                // SAFETY: the NVIDIA driver's library; its initialisers only
+                // set up its own state.
+                let lib = unsafe { Library::open(Some("libcuda.so.1"), RTLD_NOW | RTLD_LOCAL) }
+                    .map_err(|e| {
+                        unavailable(format!(
+                            "CUDA is not available: cannot load libcuda.so.1: {e}"
+                        ))
+                    })?;
+                let fns = DriverFns {
+                    init: symbol(&lib, "cuInit")?,
+                    device_get_count: symbol(&lib, "cuDeviceGetCount")?,
+                    device_get: symbol(&lib, "cuDeviceGet")?,
+                    device_get_attribute: symbol(&lib, "cuDeviceGetAttribute")?,
+                    primary_ctx_retain: symbol(&lib, "cuDevicePrimaryCtxRetain")?,
+                    ctx_set_current: symbol(&lib, "cuCtxSetCurrent")?,
+                    ctx_get_device: symbol(&lib, "cuCtxGetDevice")?,
+                    memcpy_async: symbol(&lib, "cuMemcpyAsync")?,
+                    get_error_string: symbol(&lib, "cuGetErrorString")?,
+                    _lib: lib,
+                };
+                // SAFETY: flags must be 0.
+                let rc = unsafe { (fns.init)(0) };
+                if rc != 0 {
+                    return Err(unavailable(format!(
+                        "CUDA is not available: cuInit failed (CUresult {rc})"
+                    )));
+                }
+                Ok(fns)
+            })()
+            .map_err(|e| e.message().to_owned())
+        })
+        .as_ref()
+        .map_err(|m| unavailable(m.clone()))
+}
+
+const CUDA_ERROR_NOT_INITIALIZED: c_int = 3;
+const CUDA_ERROR_INVALID_CONTEXT: c_int = 201;
+
+unsafe extern "C" fn drv_device_count(n: *mut c_int) -> c_int {
+    match driver_fns() {
+        // SAFETY: the caller passes a writable int.
+        Ok(d) => unsafe { (d.device_get_count)(n) },
+        Err(_) => CUDA_ERROR_NOT_INITIALIZED,
+    }
+}
+
+unsafe extern "C" fn drv_attribute(value: *mut c_int, attr: c_int, ordinal: c_int) -> c_int {
+    let Ok(d) = driver_fns() else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
+    let mut dev: c_int = 0;
+    // SAFETY: writes one device handle / one int (the caller's).
+    unsafe {
+        let rc = (d.device_get)(&mut dev, ordinal);
+        if rc != 0 {
+            return rc;
+        }
+        (d.device_get_attribute)(value, attr, dev)
+    }
+}
+
+unsafe extern "C" fn drv_set_device(ordinal: c_int) -> c_int {
+    let Ok(d) = driver_fns() else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
+    let mut dev: c_int = 0;
+    let mut ctx: *mut c_void = std::ptr::null_mut();
+    // SAFETY: writes one device and one context; the primary context is
+    // retained (never released: the process keeps it, as the runtime does).
+    unsafe {
+        let rc = (d.device_get)(&mut dev, ordinal);
+        if rc != 0 {
+            return rc;
+        }
+        let rc = (d.primary_ctx_retain)(&mut ctx, dev);
+        if rc != 0 {
+            return rc;
+        }
+        (d.ctx_set_current)(ctx)
+    }
+}
+
+unsafe extern "C" fn drv_get_device(out: *mut c_int) -> c_int {
+    let Ok(d) = driver_fns() else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: the caller passes a writable int.
+    match unsafe { (d.ctx_get_device)(out) } {
+        // No current context: device 0, as cudaGetDevice answers.
+        CUDA_ERROR_INVALID_CONTEXT => {
+            // SAFETY: as above.
+            unsafe { out.write(0) };
+            0
+        }
+        rc => rc,
+    }
+}
+
+unsafe extern "C" fn drv_error_string(rc: c_int) -> *const c_char {
+    let mut p: *const c_char = std::ptr::null();
+    if let Ok(d) = driver_fns() {
+        // SAFETY: writes one pointer to a static string (or fails).
+        unsafe { (d.get_error_string)(rc, &mut p) };
+    }
+    p
+}
+
+unsafe extern "C" fn drv_memcpy_async(
+    dst: *mut c_void,
+    src: *const c_void,
+    n: usize,
+    _kind: c_int,
+    stream: *mut c_void,
+) -> c_int {
+    match driver_fns() {
+        // SAFETY: the caller's contract (cudaMemcpyAsync's, cudaMemcpyDefault).
+        Ok(d) => unsafe { (d.memcpy_async)(dst as u64, src as u64, n, stream) },
+        Err(_) => CUDA_ERROR_NOT_INITIALIZED,
+    }
+}
+
+/// The driver has no sticky per-thread error to clear.
+unsafe extern "C" fn drv_last_error() -> c_int {
+    0
 }
 
 /// The process-wide CUDA state, opened once from the one libtorch directory.

@@ -1284,6 +1284,7 @@ impl Graph {
                 let t = Instant::now();
                 let torch = match runtime.runtime {
                     Runtime::Libtorch => Torch::open(torch_lib),
+                    Runtime::ShimV1 if parsed.is_cuda() => Torch::open_shim_cuda(),
                     Runtime::ShimV1 => Torch::open_shim(),
                 }
                 .and_then(|torch| {

@@ -14,7 +14,9 @@
 //!
 //! A CPU graph whose `.so` imports only shim set v1 runs on the shim instead
 //! (`libtcg_shim.so`, carried inside this crate, no libtorch opened): the
-//! runtime is chosen from the artifact ([`runtime`]).
+//! runtime is chosen from the artifact ([`runtime`]). A CUDA graph runs on
+//! the shim only when asked (`TORCH_COMPILED_GRAPHS_RUNTIME=shim`) until a
+//! GPU run verifies that path ([`shim_bind`]).
 //!
 //! Every failure is a [`tcg_core::Error`] with a stable `run.*` code.
 
@@ -34,6 +36,7 @@ pub mod lora_fuse;
 pub mod pipeline;
 pub mod runtime;
 pub mod serve;
+pub mod shim_bind;
 pub mod shim_runtime;
 pub mod shim_set;
 mod stdmap;

@@ -27,21 +27,18 @@ pub const RUNTIME_ENV: &str = "TORCH_COMPILED_GRAPHS_RUNTIME";
 /// How many missing names a reason lists before it says how many more.
 const NAMES_IN_REASON: usize = 3;
 
-/// Functions of shim set v1 that `libtcg_shim.so` does not provide yet: the
-/// CUDA guards and stream (CUDA is not served by the shim yet) and
+/// Functions of shim set v1 that `libtcg_shim.so` does not provide yet:
 /// `aoti_torch_check`, which libtorch implements by throwing a C++ exception
 /// that the container's entry point catches; a Rust library cannot throw one,
 /// and returning would let the generated code run past a failed check. A
-/// package importing any of them runs on libtorch.
-pub const SHIM_LACKS: [&str; 7] = [
-    "aoti_torch_check",
-    "aoti_torch_create_cuda_guard",
-    "aoti_torch_create_cuda_stream_guard",
-    "aoti_torch_cuda_guard_set_index",
-    "aoti_torch_delete_cuda_guard",
-    "aoti_torch_delete_cuda_stream_guard",
-    "aoti_torch_get_current_cuda_stream",
-];
+/// package importing it runs on libtorch.
+pub const SHIM_LACKS: [&str; 1] = ["aoti_torch_check"];
+
+/// Why a CUDA graph stays on libtorch under `auto`: the shim's CUDA path
+/// (crates/tcg-shim: pool allocator, guards, device copies; the binding stub
+/// of [`crate::shim_bind`]) is built and tested on the host, but no GPU run
+/// has verified it yet. `shim` (option or [`RUNTIME_ENV`]) opts in.
+pub const CUDA_UNVERIFIED: &str = "shim runtime on CUDA: not yet verified on a GPU";
 
 /// A runtime that provides the C shim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -189,7 +186,8 @@ pub fn shim_misses(imports: &ShimImports) -> Vec<String> {
 }
 
 /// The rule. `option` (from `source`) first: `libtorch` is obeyed; then a
-/// CUDA device runs on libtorch (`shim` there is refused); then the package's
+/// CUDA device runs on libtorch under `auto` ([`CUDA_UNVERIFIED`]; `shim`
+/// goes on to the imports, as on the CPU); then the package's
 /// `imports`: anything the shim cannot run means libtorch, and `shim` is
 /// refused with `run.native_unsupported` naming those functions; a package the
 /// shim runs goes to the shim, unless `libtorch_loaded` (this process has
@@ -205,18 +203,8 @@ pub fn choose_runtime(
     if option == RuntimeOption::Libtorch {
         return Ok(RuntimeChoice::libtorch(forced(source)));
     }
-    if device.is_cuda() {
-        const CUDA: &str = "shim runtime: CUDA not yet supported";
-        if option == RuntimeOption::Shim {
-            return Err(Error::new(
-                Code::RunNativeUnsupported,
-                format!(
-                    "the shim runtime was asked for ({}) on {device}: {CUDA}",
-                    forced(source)
-                ),
-            ));
-        }
-        return Ok(RuntimeChoice::libtorch(CUDA));
+    if device.is_cuda() && option == RuntimeOption::Auto {
+        return Ok(RuntimeChoice::libtorch(CUDA_UNVERIFIED));
     }
     let missing = shim_misses(imports);
     if !missing.is_empty() {
@@ -286,7 +274,7 @@ pub fn choose_for_package(
     if option == RuntimeOption::Libtorch {
         return Ok(RuntimeChoice::libtorch(forced(source)));
     }
-    if device.is_cuda() {
+    if device.is_cuda() && option == RuntimeOption::Auto {
         // Decided by the device alone: the imports are not read.
         let none = ShimImports {
             aoti_torch: Vec::new(),
@@ -393,13 +381,7 @@ mod tests {
 
     #[test]
     fn forcing_the_shim_on_a_package_it_cannot_run_is_refused_with_every_name() {
-        let one = imports(
-            &[
-                "aoti_torch_cpu_addmm_out",
-                "aoti_torch_get_current_cuda_stream",
-            ],
-            &[],
-        );
+        let one = imports(&["aoti_torch_check", "aoti_torch_cpu_addmm_out"], &[]);
         let err = choose_runtime(
             &one,
             Device::Cpu,
@@ -416,29 +398,49 @@ mod tests {
         );
         assert!(
             err.message()
-                .ends_with("aoti_torch_cpu_addmm_out, aoti_torch_get_current_cuda_stream"),
+                .ends_with("aoti_torch_check, aoti_torch_cpu_addmm_out"),
             "{}",
             err.message()
         );
     }
 
     #[test]
-    fn cuda_is_not_served_by_the_shim_yet() {
+    fn cuda_goes_to_the_shim_only_when_asked_until_a_gpu_run_verifies_it() {
         let c = choose_runtime(&covered(), Device::Cuda(0), AUTO.0, AUTO.1, false).unwrap();
         assert_eq!(
             c,
-            RuntimeChoice::libtorch("shim runtime: CUDA not yet supported")
+            RuntimeChoice::libtorch("shim runtime on CUDA: not yet verified on a GPU")
         );
-        let err = choose_runtime(
-            &covered(),
+        let cuda = imports(
+            &[
+                "aoti_torch_create_cuda_stream_guard",
+                "aoti_torch_delete_cuda_stream_guard",
+                "aoti_torch_empty_strided",
+                "aoti_torch_get_current_cuda_stream",
+            ],
+            &[],
+        );
+        let c = choose_runtime(
+            &cuda,
             Device::Cuda(1),
+            RuntimeOption::Shim,
+            OptionSource::Env,
+            true,
+        )
+        .unwrap();
+        assert_eq!(c.runtime, Runtime::ShimV1);
+        assert_eq!(c.reason, "forced by TORCH_COMPILED_GRAPHS_RUNTIME");
+        // Forced, the imports still decide: a GEMM extern is refused.
+        let err = choose_runtime(
+            &imports(&["aoti_torch_cuda_mm_out"], &[]),
+            Device::Cuda(0),
             RuntimeOption::Shim,
             OptionSource::Option,
             false,
         )
         .unwrap_err();
         assert_eq!(err.code(), Code::RunNativeUnsupported);
-        assert!(err.message().contains("CUDA not yet supported"));
+        assert!(err.message().contains("aoti_torch_cuda_mm_out"));
     }
 
     #[test]

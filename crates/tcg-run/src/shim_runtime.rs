@@ -33,7 +33,7 @@ fn failed(message: String) -> Error {
     Error::new(Code::RunTorchNotFound, message)
 }
 
-fn dlerror_text() -> String {
+pub(crate) fn dlerror_text() -> String {
     // SAFETY: dlerror returns null or a NUL-terminated string owned by libc,
     // valid until the next dl* call on this thread; copied at once.
     let p = unsafe { libc::dlerror() };
@@ -106,6 +106,28 @@ pub(crate) fn open_embedded() -> Result<(PathBuf, *mut c_void)> {
             dlerror_text()
         )));
     }
+    Ok((path, handle))
+}
+
+/// Open the embedded shim into the *base* namespace with
+/// `RTLD_NOW | RTLD_LOCAL`, for CUDA (`crate::shim_bind`): never in the
+/// global scope, sharing the base namespace's single `libcuda`. The memory
+/// file stays open for the process's life, so the path it was opened from
+/// keeps naming this very library (the binding stubs need it by that path).
+pub(crate) fn open_embedded_base() -> Result<(PathBuf, *mut c_void)> {
+    let (path, keep) = materialise()?;
+    let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| failed("the shim's path has a NUL".into()))?;
+    // SAFETY: as in `open_embedded`.
+    let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Err(failed(format!(
+            "cannot load the shim runtime (libtcg_shim.so) for CUDA: {}",
+            dlerror_text()
+        )));
+    }
+    // Kept open: the stubs name the library by this path.
+    std::mem::forget(keep);
     Ok((path, handle))
 }
 

@@ -101,6 +101,9 @@ pub struct Torch {
     runtime: Runtime,
     // The shim's link-map namespace, where its graphs' `.so`s are opened.
     namespace: Option<libc::Lmid_t>,
+    // The CUDA shim, in the base namespace: the path it was opened from,
+    // which its graphs' binding stubs name (`crate::shim_bind`).
+    bound_shim: Option<PathBuf>,
     _libraries: Vec<Library>,
 }
 
@@ -115,6 +118,10 @@ impl std::fmt::Debug for Torch {
 
 static LOADED: Mutex<Option<Arc<Torch>>> = Mutex::new(None);
 static SHIM_LOADED: Mutex<Option<Arc<Torch>>> = Mutex::new(None);
+static SHIM_CUDA_LOADED: Mutex<Option<Arc<Torch>>> = Mutex::new(None);
+/// The CUDA state of the CUDA shim runtime (the driver API; no libtorch).
+static SHIM_CUDA: std::sync::OnceLock<std::result::Result<Cuda, (Code, String)>> =
+    std::sync::OnceLock::new();
 
 fn not_found(message: String) -> Error {
     Error::new(Code::RunTorchNotFound, message)
@@ -182,6 +189,7 @@ impl Torch {
             dtypes,
             runtime: Runtime::Libtorch,
             namespace: None,
+            bound_shim: None,
             _libraries: vec![cpu, torch],
         });
         *loaded = Some(Arc::clone(&torch));
@@ -228,6 +236,37 @@ impl Torch {
             dtypes,
             runtime: Runtime::ShimV1,
             namespace: Some(namespace),
+            bound_shim: None,
+            _libraries: vec![library],
+        });
+        *loaded = Some(Arc::clone(&torch));
+        Ok(torch)
+    }
+
+    /// The shim runtime for CUDA graphs: `libtcg_shim.so` opened once per
+    /// process into the *base* namespace with `RTLD_LOCAL` (so the package
+    /// and the weights pipeline share one `libcuda`, one driver instance),
+    /// never into the global scope (so libtorch's own `aoti_torch_*` calls
+    /// never reach it). Each graph's `.so` is bound to it through a binding
+    /// stub opened with `RTLD_DEEPBIND` ([`crate::shim_bind`];
+    /// crates/tcg-shim/README.md, "Loading on CUDA").
+    pub fn open_shim_cuda() -> Result<Arc<Torch>> {
+        let mut loaded = SHIM_CUDA_LOADED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(shim) = loaded.as_ref() {
+            return Ok(Arc::clone(shim));
+        }
+        let (path, handle) = crate::shim_runtime::open_embedded_base()?;
+        // SAFETY: a handle from dlopen, owned from here on by the Library
+        // (never closed: the value lives in a static).
+        let library = unsafe { Library::from_raw(handle) };
+        let (shim, dtypes) = table(&library)?;
+        let torch = Arc::new(Torch {
+            dir: path.clone(),
+            shim,
+            dtypes,
+            runtime: Runtime::ShimV1,
+            namespace: None,
+            bound_shim: Some(path),
             _libraries: vec![library],
         });
         *loaded = Some(Arc::clone(&torch));
@@ -252,6 +291,9 @@ impl Torch {
     /// shim's namespace, where every import resolves to the shim or a system
     /// library (and `RTLD_NOW` makes a missing one a load-time refusal).
     pub(crate) fn open_model(&self, path: &Path) -> std::result::Result<Library, String> {
+        if let Some(shim) = &self.bound_shim {
+            return crate::shim_bind::open_bound(shim, path);
+        }
         let Some(namespace) = self.namespace else {
             // SAFETY: the .so comes from the package of a verified, admitted
             // artifact (resolve checked its ELF machine and this host's ISA);
@@ -324,10 +366,22 @@ impl Torch {
     /// support, or a machine without a usable device, is `run.device_mismatch`.
     pub fn cuda(&self) -> Result<&'static Cuda> {
         if self.runtime == Runtime::ShimV1 {
-            return Err(Error::new(
-                Code::RunDeviceMismatch,
-                "shim runtime: CUDA not yet supported",
-            ));
+            if self.bound_shim.is_none() {
+                return Err(Error::new(
+                    Code::RunDeviceMismatch,
+                    "the shim runtime in a namespace of its own serves CPU graphs only (CUDA graphs open Torch::open_shim_cuda)",
+                ));
+            }
+            let library = &self._libraries[0];
+            return match SHIM_CUDA.get_or_init(|| {
+                Cuda::open_driver(library).map_err(|e| (e.code(), e.message().to_owned()))
+            }) {
+                Ok(cuda) => {
+                    cuda.device_count()?;
+                    Ok(cuda)
+                }
+                Err((code, message)) => Err(Error::new(*code, message.clone())),
+            };
         }
         // One libtorch directory per process (see `open`), so one CUDA state.
         match CUDA

@@ -138,15 +138,23 @@ pub fn register_allocator(
 pub fn allocator_for(device: Device) -> Result<Arc<dyn Allocator>, ShimError> {
     match device.device_type {
         DeviceType::Cpu => Ok(Arc::new(HostAllocator)),
-        DeviceType::Cuda => CUDA_ALLOCATOR
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or(ShimError::UnsupportedDevice {
-                device_type: device.device_type.code(),
-                device_index: device.index,
-                reason: "no allocator registered for this device type",
-            }),
+        DeviceType::Cuda => {
+            if let Some(registered) = CUDA_ALLOCATOR
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+            {
+                return Ok(registered);
+            }
+            // None registered: the driver-backed pool allocator, installed
+            // once the driver is known to work (`shim.cuda_unavailable`
+            // otherwise, asked again on the next allocation).
+            crate::cuda::driver()?;
+            let mut slot = CUDA_ALLOCATOR.write().unwrap_or_else(|p| p.into_inner());
+            Ok(slot
+                .get_or_insert_with(|| Arc::new(crate::cuda::CudaAllocator))
+                .clone())
+        }
     }
 }
 

@@ -78,6 +78,38 @@ pub enum ShimError {
         /// What differs.
         detail: String,
     },
+    /// The CUDA driver (`libcuda.so.1`) cannot be used: not installed, a
+    /// symbol missing, `cuInit` failed, or no device. The shim itself still
+    /// loads and serves host memory.
+    CudaUnavailable {
+        /// Why, with the library's or the driver's words.
+        reason: String,
+    },
+    /// A CUDA driver call returned an error.
+    CudaDriver {
+        /// The driver function (`cuMemcpyAsync`, ...).
+        call: &'static str,
+        /// The `CUresult` number.
+        result: i32,
+        /// The `CUresult` name (`CUDA_ERROR_INVALID_VALUE`), from `cuGetErrorName`.
+        name: String,
+    },
+    /// A CUDA guard or stream guard handle that is not live on this thread
+    /// (never created, already deleted, created on another thread, or of the
+    /// other kind).
+    UnknownGuard {
+        /// The parameter's name in shim.h.
+        arg: &'static str,
+        /// The handle's value.
+        handle: usize,
+    },
+    /// A copy between views on a device that this shim cannot do with one
+    /// driver copy (strides that differ, or a view that is not dense on the
+    /// device side).
+    StridedDeviceCopy {
+        /// The two layouts.
+        detail: String,
+    },
     /// A panic inside the shim, caught at the ABI boundary.
     Panic {
         /// The exported function that panicked.
@@ -126,6 +158,18 @@ impl std::fmt::Display for ShimError {
                 "allocation of {nbytes} bytes on {device} failed: {reason}"
             ),
             ShimError::CopyMismatch { detail, .. } => write!(f, "copy refused: {detail}"),
+            ShimError::CudaUnavailable { reason } => write!(f, "CUDA is not available: {reason}"),
+            ShimError::CudaDriver { call, result, name } => {
+                write!(f, "CUDA driver call {call} failed: {name} ({result})")
+            }
+            ShimError::UnknownGuard { arg, handle } => write!(
+                f,
+                "{arg} is not a live CUDA guard of this thread ({handle:#x})"
+            ),
+            ShimError::StridedDeviceCopy { detail } => write!(
+                f,
+                "strided copy on device memory is not supported: {detail}"
+            ),
             ShimError::Panic {
                 function, message, ..
             } => write!(f, "internal panic in {function}: {message}"),
@@ -148,6 +192,10 @@ impl ShimError {
             ShimError::ViewOutOfBounds { .. } => "shim.view_out_of_bounds",
             ShimError::AllocationFailed { .. } => "shim.allocation_failed",
             ShimError::CopyMismatch { .. } => "shim.copy_mismatch",
+            ShimError::CudaUnavailable { .. } => "shim.cuda_unavailable",
+            ShimError::CudaDriver { .. } => "shim.cuda_driver",
+            ShimError::UnknownGuard { .. } => "shim.unknown_guard",
+            ShimError::StridedDeviceCopy { .. } => "shim.strided_device_copy",
             ShimError::Panic { .. } => "shim.panic",
         }
     }

@@ -9,12 +9,14 @@
 //!
 //! Departures from libtorch, all refusals rather than different results:
 //! negative strides and offsets are refused (as `as_strided` refuses them);
-//! `copy_` copies neither across dtypes nor with broadcasting; device memory
-//! is not copied or cloned yet. A null `strides_ptr` means row-major strides.
+//! `copy_` copies neither across dtypes nor with broadcasting; a strided copy
+//! on a device that one driver copy cannot do is refused (`crate::copy`). A
+//! null `strides_ptr` means row-major strides. The CUDA guards and streams
+//! are in [`crate::ffi_cuda`].
 
 use std::ffi::c_void;
 
-use crate::copy::{clone_host, copy_host};
+use crate::copy::{clone_host, clone_preserve_strides, copy_tensor};
 use crate::dtype::{DType, Device, DeviceType};
 use crate::error::{guard, AotiTorchError, ShimError};
 use crate::handle::{delete_handle, new_handle, with_tensor, with_tensors, AtenTensorHandle};
@@ -478,8 +480,10 @@ pub unsafe extern "C" fn aoti_torch_get_stride(
     })
 }
 
-/// Copies `src` into `self_` (same dtype and sizes; host memory; any strides,
-/// overlapping views included). `non_blocking` is irrelevant on the host.
+/// Copies `src` into `self_` (same dtype and sizes). On the host any
+/// strides, overlapping views included; with a device on either side on the
+/// current stream (`crate::copy`), blocking the host for a host side unless
+/// `non_blocking`.
 ///
 /// # Safety
 ///
@@ -490,14 +494,15 @@ pub unsafe extern "C" fn aoti_torch_copy_(
     src: AtenTensorHandle,
     non_blocking: i32,
 ) -> AotiTorchError {
-    let _ = non_blocking;
     guard("aoti_torch_copy_", || {
-        with_tensors(self_, "self", src, "src", copy_host)
+        with_tensors(self_, "self", src, "src", |d, s| {
+            copy_tensor(d, s, non_blocking != 0)
+        })
     })
 }
 
 /// A new tensor with its own storage and `self_`'s values (strides kept when
-/// `self_` is dense, row-major otherwise). Host memory only for now.
+/// `self_` is dense, row-major otherwise), on `self_`'s device.
 ///
 /// # Safety
 ///
@@ -517,8 +522,8 @@ pub unsafe extern "C" fn aoti_torch_clone(
 
 /// A new tensor with its own storage, `self_`'s sizes and strides kept
 /// exactly (also for a view that is not dense: the new storage spans what
-/// the strides reach from offset 0), and `self_`'s values. Host memory only
-/// for now.
+/// the strides reach from offset 0), and `self_`'s values, on `self_`'s
+/// device.
 ///
 /// # Safety
 ///
@@ -530,23 +535,7 @@ pub unsafe extern "C" fn aoti_torch_clone_preserve_strides(
 ) -> AotiTorchError {
     guard("aoti_torch_clone_preserve_strides", || {
         check_out(ret, "ret")?;
-        let out = with_tensor(self_, "self", |t| {
-            if t.device().device_type != DeviceType::Cpu {
-                return Err(ShimError::UnsupportedDevice {
-                    device_type: t.device().device_type.code(),
-                    device_index: t.device().index,
-                    reason: "clone of device memory needs the device runtime",
-                });
-            }
-            let out = Tensor::empty_strided(
-                t.sizes().to_vec(),
-                t.strides().to_vec(),
-                t.dtype(),
-                t.device(),
-            )?;
-            copy_host(&out, t)?;
-            Ok(out)
-        })?;
+        let out = with_tensor(self_, "self", clone_preserve_strides)?;
         // SAFETY: non-null (checked) and writable by contract.
         unsafe { write_out(ret, "ret", new_handle(out)) }
     })

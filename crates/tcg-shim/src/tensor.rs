@@ -49,6 +49,8 @@ impl Storage {
                 owner: None,
             }));
         }
+        // `cuda:-1` is the thread's current device, fixed now (as c10 does).
+        let device = crate::cuda::resolve(device)?;
         let allocator = allocator_for(device)?;
         let stream = current_stream(device);
         let ptr = allocator.allocate(nbytes, device, stream)?;

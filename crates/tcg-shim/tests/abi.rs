@@ -521,20 +521,6 @@ fn invalid_shapes_dtypes_and_devices_are_refused() {
 }
 
 #[test]
-fn cuda_allocation_without_an_allocator_is_refused() {
-    let err = empty(
-        &[4],
-        &[1],
-        aoti_torch_dtype_float32(),
-        aoti_torch_device_type_cuda(),
-        0,
-    )
-    .unwrap_err();
-    assert_eq!(err.code(), "shim.unsupported_device");
-    assert!(err.to_string().contains("no allocator"), "{err}");
-}
-
-#[test]
 fn reinterpret_refuses_bad_arguments() {
     let base = empty_f32(&[8], &[1]);
     let sz = [2i64, 2];

@@ -1,0 +1,105 @@
+//! The CUDA shim runtime's loading (crates/tcg-shim/README.md, "Loading on
+//! CUDA"), checked on the host: the shim opened in the base namespace with
+//! `RTLD_LOCAL` and a graph's `.so` bound to it through a binding stub with
+//! `RTLD_DEEPBIND`. A stand-in for libtorch is loaded `RTLD_GLOBAL` first,
+//! exporting the same `aoti_torch_*` name: the package must bind to the shim
+//! anyway, and the global scope must never see the shim. Needs a C compiler
+//! (`cc`); no GPU and no driver (the shim loads without one). Its own test
+//! binary: it loads a library globally.
+
+use std::path::Path;
+use std::process::Command;
+
+use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+use tcg_core::Code;
+use tcg_run::{Runtime, Torch};
+
+fn compile(dir: &Path, name: &str, source: &str) -> std::path::PathBuf {
+    let c = dir.join(format!("{name}.c"));
+    let so = dir.join(format!("lib{name}.so"));
+    std::fs::write(&c, source).unwrap();
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&so)
+        .arg(&c)
+        .output()
+        .expect("a C compiler (cc) is needed to build the stand-in libraries");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    so
+}
+
+fn global_symbol(name: &std::ffi::CStr) -> *mut libc::c_void {
+    // SAFETY: a lookup in the global scope only.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+#[test]
+fn a_package_binds_to_the_base_namespace_shim_even_with_a_global_aoti_torch_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    // What libtorch would be: a global provider of the same shim name.
+    let fake = compile(
+        dir.path(),
+        "fake_torch",
+        "int aoti_torch_dtype_float32(void) { return 999; }\n",
+    );
+    // SAFETY: a library of one function, loaded as libtorch is.
+    let _fake = unsafe { Library::open(Some(&fake), RTLD_NOW | RTLD_GLOBAL) }.unwrap();
+    // What a link_libtorch=False package is: an undefined shim import.
+    let package = compile(
+        dir.path(),
+        "package",
+        "extern int aoti_torch_dtype_float32(void);\n\
+         extern int aoti_torch_dtype_bfloat16(void);\n\
+         int package_dtype(void) { return aoti_torch_dtype_float32() * 100 + aoti_torch_dtype_bfloat16(); }\n",
+    );
+
+    let shim = Torch::open_shim_cuda().unwrap();
+    assert_eq!(shim.runtime(), Runtime::ShimV1);
+    assert!(shim.provides("aoti_torch_create_cuda_stream_guard"));
+    assert!(shim.provides("tcg_shim_set_current_cuda_stream"));
+    let lib = tcg_run::shim_bind::open_bound(shim.dir(), &package).unwrap();
+    // SAFETY: the package's function, `int(void)`.
+    let f = unsafe { lib.get::<unsafe extern "C" fn() -> i32>(b"package_dtype") }.unwrap();
+    // c10's float32 (6) and bfloat16 (15) from the shim; 999 would be the
+    // global provider's.
+    // SAFETY: calls into the package, which calls the shim.
+    assert_eq!(unsafe { f() }, 615);
+
+    // The other direction: the global scope still answers with the
+    // provider, and never sees the shim's own symbols.
+    let p = global_symbol(c"aoti_torch_dtype_float32");
+    assert!(!p.is_null());
+    // SAFETY: the provider's `int(void)`.
+    let g: unsafe extern "C" fn() -> i32 = unsafe { std::mem::transmute(p) };
+    // SAFETY: as above.
+    assert_eq!(unsafe { g() }, 999);
+    assert!(global_symbol(c"tcg_shim_set_current_cuda_stream").is_null());
+    assert!(global_symbol(c"aoti_torch_create_cuda_stream_guard").is_null());
+
+    // Opened once per process.
+    let again = Torch::open_shim_cuda().unwrap();
+    assert!(std::sync::Arc::ptr_eq(&shim, &again));
+}
+
+#[test]
+fn the_cuda_shim_loads_without_a_driver_and_cuda_is_then_a_typed_refusal() {
+    let shim = Torch::open_shim_cuda().unwrap();
+    let has_driver =
+        // SAFETY: only whether the driver library can be opened is asked.
+        unsafe { Library::open(Some("libcuda.so.1"), RTLD_NOW) }.is_ok();
+    if has_driver {
+        // A GPU machine: the driver-backed CUDA state opens, or is refused
+        // with the same typed error (a driver without a device).
+        if let Err(err) = shim.cuda() {
+            assert_eq!(err.code(), Code::RunDeviceMismatch, "{}", err.message());
+        }
+        return;
+    }
+    let err = shim.cuda().unwrap_err();
+    assert_eq!(err.code(), Code::RunDeviceMismatch);
+    assert!(err.message().contains("libcuda.so.1"), "{}", err.message());
+}
