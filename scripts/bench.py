@@ -9,7 +9,8 @@ stdout; docs/benchmarks.md records them with this command.
 
 TCG_BENCH_CLI names a prebuilt release CLI (no cargo build; for a machine without Rust, such as
 the GPU machine), TCG_BENCH_OUT the folder for the JSON results (default bench-out/).
-TCG_BENCH_FLEET_REPEAT sets the fleet rounds (default 9; the fetch cases run a third as many).
+TCG_BENCH_FLEET_REPEAT sets the fleet rounds (default 9; the fetch cases run a third as many), and
+TCG_BENCH_RESOLVE_REPEAT the resolve rounds (default 15; the 256 MiB cases run a third as many).
 TCG_BENCH_CLI_BASE names another build of the CLI (an earlier commit): fleet-io then times its
 pull and import in the same rounds, for a before/after in one run.
 
@@ -116,13 +117,16 @@ def bench_resolve(repeat: int) -> dict[str, object]:
         members = work / "ref-members"
         engine.resolve(KEY, members)
         py = sys.executable
-        resolve_code = (
-            f"import torch_compiled_graphs as t, sys; t.Engine({str(engine.root)!r}).resolve({KEY!r}, sys.argv[1])"
-        )
+        root = str(engine.root)
+        resolve_code = f"import torch_compiled_graphs as t, sys; t.Engine({root!r}).resolve({KEY!r}, sys.argv[1])"
+        engine_code = f"import torch_compiled_graphs as t; t.Engine({root!r})"
         small = medians(
             {
                 "python -c pass": lambda i: sh(py, "-c", "pass"),
                 "python import + Engine.resolve": lambda i: sh(py, "-c", resolve_code, work / f"py-{i}"),
+                # The same process stopped earlier: what the import and Engine() add.
+                "python import": lambda i: sh(py, "-c", "import torch_compiled_graphs"),
+                "python import + Engine()": lambda i: sh(py, "-c", engine_code),
                 "cp -r members": lambda i: sh("cp", "-r", members, work / f"cp-{i}"),
                 "cli resolve": lambda i: sh(CLI, "resolve", "--cas-root", engine.root, KEY, work / f"cli-{i}"),
             },
@@ -133,6 +137,7 @@ def bench_resolve(repeat: int) -> dict[str, object]:
             "median_s": small,
             "import_plus_resolve_over_bare_python": small["python import + Engine.resolve"] / small["python -c pass"],
             "cli_resolve_over_cp_r": small["cli resolve"] / small["cp -r members"],
+            "stages_ms": hit_stages(py, root, work, repeat),
         }
         env, unpacked = big_artifact(work, 256)
         big_store = Engine(work / "big-store")
@@ -158,6 +163,37 @@ def bench_resolve(repeat: int) -> dict[str, object]:
             "cli_resolve_over_cp_r_sync": big["cli resolve"] / big["cp -r members + sync -f"],
         }
     return results
+
+
+HIT_STAGES_CHILD = """
+import time
+t0 = time.perf_counter()
+import torch_compiled_graphs as t, sys
+t1 = time.perf_counter()
+engine = t.Engine(sys.argv[1])
+t2 = time.perf_counter()
+engine.resolve(sys.argv[2], sys.argv[3])
+t3 = time.perf_counter()
+print(t1 - t0, t2 - t1, t3 - t2)
+"""
+
+
+def hit_stages(py: str, root: str, work: Path, repeat: int) -> dict[str, float]:
+    """Medians (ms) of the hit path's stages timed inside fresh processes: the import, Engine()
+    and the first resolve (the rest of the wall time is the interpreter's start and exit)."""
+    stages: list[list[float]] = []
+    for i in range(repeat):
+        os.sync()
+        out = subprocess.run(
+            [py, "-c", HIT_STAGES_CHILD, root, KEY, str(work / f"stage-{i}")],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=CHILD_ENV,
+        )
+        stages.append([float(x) * 1e3 for x in out.stdout.split()])
+    names = ["import", "Engine()", "resolve"]
+    return {n: statistics.median(s[k] for s in stages) for k, n in enumerate(names)}
 
 
 TTFI_CHILD = """
@@ -586,7 +622,7 @@ def main() -> None:
     OUT.mkdir(exist_ok=True)
     results: dict[str, object] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     if "resolve" in sections:
-        results["resolve"] = bench_resolve(repeat=15)
+        results["resolve"] = bench_resolve(repeat=int(os.environ.get("TCG_BENCH_RESOLVE_REPEAT") or 15))
     if "store" in sections:
         out = subprocess.run(
             ["bash", str(ROOT / "scripts" / "bench_store.sh"), "1024"],

@@ -5,8 +5,9 @@ checks bytes lives in the native core; the torch-dependent parts (declaring
 graph classes from exported programs, compiling, running) import torch lazily.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here or in engine.py: that statement
+# imports the `__future__` module at run time, a tenth of a millisecond on the
+# hit path; engine.py quotes the annotations that name typing-only names.
 from .engine import (
     Engine,
     EnsureOutcome,

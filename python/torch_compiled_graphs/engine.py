@@ -5,14 +5,14 @@ miss path of :meth:`Engine.ensure` does, to run the caller's recipe and the
 sole compile policy.
 """
 
-from __future__ import annotations
-
 import os
 
 from . import _native
 
 # The hit path imports nothing beyond `os` and the native module: typing,
 # enum, dataclasses and pathlib would each cost more than the resolve itself.
+# Nor `__future__` (see __init__.py): annotations that name typing-only names
+# are quoted.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,13 +41,13 @@ __all__ = [
 ]
 
 
-def _path(p: str) -> Path:
+def _path(p: str) -> "Path":
     from pathlib import Path
 
     return Path(p)
 
 
-def default_store_root() -> Path:
+def default_store_root() -> "Path":
     """``$XDG_CACHE_HOME/torch-compiled-graphs``, or ``~/.cache/torch-compiled-graphs``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return _path(os.path.join(base, "torch-compiled-graphs"))
@@ -56,15 +56,15 @@ def default_store_root() -> Path:
 class _OutcomeType(type):
     """A minimal string enumeration: named singletons, iteration and lookup by value."""
 
-    _members: tuple[_Outcome, ...]
+    _members: "tuple[_Outcome, ...]"
 
-    def __iter__(cls) -> Iterator[_Outcome]:
+    def __iter__(cls) -> "Iterator[_Outcome]":
         return iter(cls._members)
 
     def __len__(cls) -> int:
         return len(cls._members)
 
-    def __call__(cls, value: object) -> _Outcome:
+    def __call__(cls, value: object) -> "_Outcome":
         for member in cls._members:
             if member is value or str.__eq__(member, value) is True:
                 return member
@@ -80,10 +80,10 @@ class _Outcome(str, metaclass=_OutcomeType):
 
     __slots__ = ("name",)
     name: str
-    _members: tuple[_Outcome, ...] = ()
+    _members: "tuple[_Outcome, ...]" = ()
 
     @classmethod
-    def of(cls: type[OutcomeT], name: str) -> OutcomeT:
+    def of(cls: "type[OutcomeT]", name: str) -> "OutcomeT":
         """The member named ``name`` (``"REUSED"``), as the native engine spells it."""
         for member in cls._members:
             if member.name == name and isinstance(member, cls):
@@ -107,10 +107,10 @@ class _Outcome(str, metaclass=_OutcomeType):
     def __reduce__(self) -> tuple[object, tuple[str]]:
         return (type(self), (str.__str__(self),))
 
-    def __copy__(self) -> _Outcome:
+    def __copy__(self) -> "_Outcome":
         return self
 
-    def __deepcopy__(self, memo: object) -> _Outcome:
+    def __deepcopy__(self, memo: object) -> "_Outcome":
         return self
 
     @classmethod
@@ -134,10 +134,10 @@ class StoreOutcome(_Outcome):
     """
 
     __slots__ = ()
-    STORED: StoreOutcome
-    PRESENT: StoreOutcome
-    REPAIRED: StoreOutcome
-    DIVERGENT: StoreOutcome
+    STORED: "StoreOutcome"
+    PRESENT: "StoreOutcome"
+    REPAIRED: "StoreOutcome"
+    DIVERGENT: "StoreOutcome"
 
 
 class EnsureOutcome(_Outcome):
@@ -147,8 +147,8 @@ class EnsureOutcome(_Outcome):
     """
 
     __slots__ = ()
-    REUSED: EnsureOutcome
-    MINTED: EnsureOutcome
+    REUSED: "EnsureOutcome"
+    MINTED: "EnsureOutcome"
 
 
 StoreOutcome._define("STORED", "PRESENT", "REPAIRED", "DIVERGENT")
@@ -178,18 +178,18 @@ class StoreResult(_Record):
     """The verdict of publishing one verified artifact under a key."""
 
     __slots__ = ("key", "manifest", "outcome")
-    outcome: StoreOutcome
+    outcome: "StoreOutcome"
     key: str
     manifest: str
 
-    def __init__(self, outcome: StoreOutcome, key: str, manifest: str) -> None:
+    def __init__(self, outcome: "StoreOutcome", key: str, manifest: str) -> None:
         self._set(outcome=outcome, key=key, manifest=manifest)
 
     def __repr__(self) -> str:
         return f"StoreResult(outcome={self.outcome!r}, key={self.key!r}, manifest={self.manifest!r})"
 
     @classmethod
-    def _from_native(cls, d: Mapping[str, Any]) -> StoreResult:
+    def _from_native(cls, d: "Mapping[str, Any]") -> "StoreResult":
         return cls(StoreOutcome.of(d["outcome"]), d["key"], d["manifest"])
 
 
@@ -205,44 +205,46 @@ class StoredCompiledGraph(_Record):
     __slots__ = ("_path", "key", "manifest", "metadata", "source")
     key: str
     _path: str
-    metadata: dict[str, Any]
+    metadata: "dict[str, Any]"
     manifest: str
     #: Where it came from: ``"local"`` (the local store), ``"remote"`` (fetched
     #: from the fleet remote and verified) or ``"compiled"`` (minted by this call).
     source: str
 
-    def __init__(self, key: str, path: StrPath, metadata: dict[str, Any], manifest: str, source: str = "local") -> None:
+    def __init__(
+        self, key: str, path: "StrPath", metadata: "dict[str, Any]", manifest: str, source: str = "local"
+    ) -> None:
         self._set(key=key, _path=os.fspath(path), metadata=metadata, manifest=manifest, source=source)
 
     def __repr__(self) -> str:
         return f"StoredCompiledGraph(key={self.key!r}, directory={self._path!r})"
 
     @classmethod
-    def _from_native(cls, d: Mapping[str, Any]) -> StoredCompiledGraph:
+    def _from_native(cls, d: "Mapping[str, Any]") -> "StoredCompiledGraph":
         return cls(d["key"], d["destination"], d["metadata"], d["manifest"], d.get("source", "local"))
 
     @property
-    def directory(self) -> Path:
+    def directory(self) -> "Path":
         """The directory the artifact was published at."""
         return _path(self._path)
 
     @property
-    def path(self) -> Path:
+    def path(self) -> "Path":
         """Alias of :attr:`directory`."""
         return _path(self._path)
 
     @property
-    def package(self) -> Path:
+    def package(self) -> "Path":
         """The AOTInductor package, ``directory / "model.pt2"``."""
         return _path(os.path.join(self._path, "model.pt2"))
 
     @property
-    def package_path(self) -> Path:
+    def package_path(self) -> "Path":
         """Alias of :attr:`package`."""
         return self.package
 
     @property
-    def literals(self) -> Path | None:
+    def literals(self) -> "Path | None":
         """``directory / "constants.safetensors"`` when the graph has literal constants, else ``None``."""
         if any(row.get("source") == "literal" for row in self.metadata["graph_class"]["constants"]):
             return _path(os.path.join(self._path, "constants.safetensors"))
@@ -268,8 +270,8 @@ class StoredCompiledGraph(_Record):
         cuda_graphs: bool | None = None,
         max_captures: int | None = None,
         cuda_graph_outputs: str = "copy",
-        capture_backend: CaptureBackend | None = None,
-    ) -> LoadedGraph:
+        capture_backend: "CaptureBackend | None" = None,
+    ) -> "LoadedGraph":
         """Load this graph and bind ``weights``; imports torch.
 
         ``weights`` is an ``nn.Module``, a state_dict, or a checkpoint on disk:
@@ -314,17 +316,17 @@ class StoredCompiledGraph(_Record):
 
     def load_native(
         self,
-        weights: StrPath | Sequence[StrPath] | NativeWeightsSet,
+        weights: "StrPath | Sequence[StrPath] | NativeWeightsSet",
         *,
         device: str | None = None,
-        torch_lib: StrPath | None = None,
+        torch_lib: "StrPath | None" = None,
         strip_prefix: str = "",
         add_prefix: str = "",
         cuda_graphs: bool | None = None,
         max_captures: int | None = None,
         runtime: str | None = None,
         cuda_graph_outputs: str = "copy",
-    ) -> NativeGraph:
+    ) -> "NativeGraph":
         """Load this graph without importing torch and bind ``weights`` from disk.
 
         ``weights`` is a ``.safetensors`` file, a sharded checkpoint's
@@ -371,7 +373,7 @@ class StoredCompiledGraph(_Record):
         )
 
     @property
-    def weights_contract(self) -> dict[str, Any]:
+    def weights_contract(self) -> "dict[str, Any]":
         """What binding needs: ``kinds`` (each declared constant's kind:
         ``parameter``, ``buffer``, ``non_persistent_buffer``, ``constant``),
         ``alias_groups`` (declared names that share storage), ``dropped``
@@ -380,7 +382,7 @@ class StoredCompiledGraph(_Record):
         artifact minted without a contract, whose kinds are ``unknown``)."""
         return dict(_native.package_weights_contract(os.fspath(self.package_path), self.metadata))
 
-    def write_weights(self, module: object, path: StrPath, *, non_persistent_only: bool = False) -> Path:
+    def write_weights(self, module: object, path: "StrPath", *, non_persistent_only: bool = False) -> "Path":
         """Write what this graph binds, taken from ``module`` (an ``nn.Module``), to a
         ``.safetensors`` file for :meth:`load_native`: every constant the table binds,
         under its table name, or with ``non_persistent_only`` only the
@@ -393,12 +395,12 @@ class StoredCompiledGraph(_Record):
         return write_weights(self, module, path, non_persistent_only=non_persistent_only)
 
     @property
-    def constants(self) -> list[dict[str, Any]]:
+    def constants(self) -> "list[dict[str, Any]]":
         """The package's constant rows (fqn, source, dtype, shape), in table order."""
         return list(self.metadata["graph_class"]["constants"])
 
     @property
-    def mint_record(self) -> dict[str, Any] | None:
+    def mint_record(self) -> "dict[str, Any] | None":
         """What the mint measured and found, or ``None`` for a graph minted without one (0.2.0).
 
         ``{"format", "native": {"unsupported_calls": [...]}, "parity": {...}}``,
@@ -425,7 +427,7 @@ class StoredCompiledGraph(_Record):
         return imports
 
     @property
-    def native_unsupported_calls(self) -> list[dict[str, Any]]:
+    def native_unsupported_calls(self) -> "list[dict[str, Any]]":
         """Calls of the compiled code the native path cannot make (``[{call, count, target}]``).
 
         Scanned from the package's wrapper now, so a graph minted without a
@@ -458,19 +460,19 @@ class EnsureResult(_Record):
     """
 
     __slots__ = ("compiled_graph", "explanation", "outcome", "publication", "remote_publication")
-    outcome: EnsureOutcome
-    compiled_graph: StoredCompiledGraph
-    publication: StoreResult | None
-    explanation: Explanation | None
+    outcome: "EnsureOutcome"
+    compiled_graph: "StoredCompiledGraph"
+    publication: "StoreResult | None"
+    explanation: "Explanation | None"
     #: The fleet remote's verdict on this mint (``{"outcome", "manifest"}``), or ``None``.
     remote_publication: dict[str, str] | None
 
     def __init__(
         self,
-        outcome: EnsureOutcome,
-        compiled_graph: StoredCompiledGraph,
-        publication: StoreResult | None = None,
-        explanation: Explanation | None = None,
+        outcome: "EnsureOutcome",
+        compiled_graph: "StoredCompiledGraph",
+        publication: "StoreResult | None" = None,
+        explanation: "Explanation | None" = None,
         remote_publication: dict[str, str] | None = None,
     ) -> None:
         self._set(
@@ -482,7 +484,7 @@ class EnsureResult(_Record):
         )
 
     @property
-    def graph(self) -> StoredCompiledGraph:
+    def graph(self) -> "StoredCompiledGraph":
         """Alias of :attr:`compiled_graph`."""
         return self.compiled_graph
 
@@ -541,14 +543,14 @@ class Engine:
 
     def __init__(
         self,
-        store: LocalCAS | StrPath | None = None,
+        store: "LocalCAS | StrPath | None" = None,
         *,
         lock_timeout: float | None = None,
-        root: StrPath | None = None,
+        root: "StrPath | None" = None,
         remote: str | None = None,
-        signing_key: StrPath | None = None,
-        trust: StrPath | None = None,
-        revoked_keys: StrPath | None = None,
+        signing_key: "StrPath | None" = None,
+        trust: "StrPath | None" = None,
+        revoked_keys: "StrPath | None" = None,
         producer: str | None = None,
     ) -> None:
         if root is not None:
@@ -558,7 +560,7 @@ class Engine:
         if remote is None:
             remote = os.environ.get("TORCH_COMPILED_GRAPHS_REMOTE", "")
 
-        def opt(p: StrPath | None) -> str | None:
+        def opt(p: "StrPath | None") -> str | None:
             return None if p is None else os.fspath(p)
 
         self._native = _native.NativeEngine(
@@ -576,7 +578,7 @@ class Engine:
         """The fleet remote's URL, or ``None``."""
         return self._native.remote
 
-    def pull(self, keys: list[str], admitted_copy: bool = False) -> list[dict[str, Any]]:
+    def pull(self, keys: list[str], admitted_copy: bool = False) -> "list[dict[str, Any]]":
         """Bring ``keys`` into the local store from the remote, verified; one row a key with its
         ``source`` (``"local"``, ``"remote"`` or ``None`` when neither has it) and ``signatures``
         (signature records stored with it). Under a trust policy a refused key has ``source``
@@ -587,11 +589,11 @@ class Engine:
         return list(self._native.pull(list(keys), admitted_copy))
 
     @property
-    def root(self) -> Path:
+    def root(self) -> "Path":
         """The store root."""
         return _path(self._native.root)
 
-    def resolve(self, key: str, destination: StrPath) -> StoredCompiledGraph | None:
+    def resolve(self, key: str, destination: "StrPath") -> "StoredCompiledGraph | None":
         """The verified artifact of ``key`` unpacked at ``destination``; ``None`` on a miss.
 
         Raises ``QuarantinedArtifact`` for a record that exists but must not be
@@ -604,13 +606,13 @@ class Engine:
     def ensure(
         self,
         key: str,
-        destination: StrPath,
+        destination: "StrPath",
         *,
         target: str,
-        toolchain: Mapping[str, object],
-        recipe: Callable[[], GraphClassSpec],
+        toolchain: "Mapping[str, object]",
+        recipe: "Callable[[], GraphClassSpec]",
         variant: str = "default",
-    ) -> EnsureResult:
+    ) -> "EnsureResult":
         """Resolve ``key``; on a miss call ``recipe`` once, compile, store and resolve.
 
         ``recipe`` returns a ``GraphClassSpec`` and is called only on a miss,
@@ -636,7 +638,7 @@ class Engine:
 
         with tempfile.TemporaryDirectory(prefix="tcg-mint-") as work:
 
-            def mint() -> dict[str, Any]:
+            def mint() -> "dict[str, Any]":
                 from ._mint import mint_for_engine
 
                 result: dict[str, Any] = mint_for_engine(key, recipe, target, toolchain, _path(work), variant)
@@ -660,12 +662,12 @@ class Engine:
 
     def explain(
         self,
-        what: GraphClassSpec | GraphClassDeclaration,
+        what: "GraphClassSpec | GraphClassDeclaration",
         *,
         target: str,
-        toolchain: Mapping[str, object],
+        toolchain: "Mapping[str, object]",
         limit: int = 3,
-    ) -> Explanation:
+    ) -> "Explanation":
         """Why the key of ``what`` under ``target`` and ``toolchain`` would miss, fact by fact.
 
         ``what`` is a ``GraphClassSpec`` (its program's canonical lines are
@@ -680,15 +682,15 @@ class Engine:
 
         return explain_request(self._native, what, target, toolchain, limit)
 
-    def explain_keys(self, a: str, b: str) -> dict[str, Any]:
+    def explain_keys(self, a: str, b: str) -> "dict[str, Any]":
         """The facts that differ between two stored keys (``a`` in the requested role)."""
         return dict(self._native.explain_keys(a, b))
 
-    def explain_class(self, graph_class: str) -> dict[str, Any]:
+    def explain_class(self, graph_class: str) -> "dict[str, Any]":
         """Every stored entry of ``graph_class``, each diffed against the first (key order)."""
         return dict(self._native.explain_class(graph_class))
 
-    def import_artifact(self, key: str, path: StrPath) -> StoreResult:
+    def import_artifact(self, key: str, path: "StrPath") -> "StoreResult":
         """Verify an envelope, admit it on this host and publish it under ``key``.
 
         Signatures in ``path + ".sig"`` are checked and kept. With a trust
@@ -697,7 +699,7 @@ class Engine:
         """
         return StoreResult._from_native(self._native.import_artifact(key, os.fspath(path)))
 
-    def adopt_hashrepo(self, old_root: StrPath) -> list[dict[str, Any]]:
+    def adopt_hashrepo(self, old_root: "StrPath") -> "list[dict[str, Any]]":
         """Import every graph of a torch-compiled-graphs 0.2.0 store (a HashRepo root) into this store.
 
         The old root is only read, and never trusted: each graph goes through
@@ -710,7 +712,7 @@ class Engine:
         """
         return list(self._native.adopt_hashrepo(os.fspath(old_root)))
 
-    def export_artifact(self, key: str, path: StrPath) -> Path:
+    def export_artifact(self, key: str, path: "StrPath") -> "Path":
         """Write the exact stored envelope of ``key`` to ``path`` and its signatures to ``path + ".sig"``."""
         return _path(self._native.export_artifact(key, os.fspath(path)))
 
@@ -724,23 +726,23 @@ class Engine:
         """Whether this engine signs what it mints."""
         return self._native.signing
 
-    def sign(self, key: str, key_file: StrPath, *, producer: str | None = None) -> dict[str, Any]:
+    def sign(self, key: str, key_file: "StrPath", *, producer: str | None = None) -> "dict[str, Any]":
         """Verify the artifact stored for ``key`` in full and sign it with ``key_file``."""
         return dict(self._native.sign(key, os.fspath(key_file), producer))
 
-    def signers(self, key: str) -> list[dict[str, Any]]:
+    def signers(self, key: str) -> "list[dict[str, Any]]":
         """The valid signatures of the artifact that serves ``key``: fingerprint, producer, signer, time."""
         return list(self._native.signers(key))
 
-    def list(self) -> list[dict[str, Any]]:
+    def list(self) -> "list[dict[str, Any]]":
         """Every stored key with graph class, sm, size and last use."""
         return list(self._native.list())
 
-    def gc(self, max_bytes: int | None = None) -> dict[str, Any]:
+    def gc(self, max_bytes: int | None = None) -> "dict[str, Any]":
         """Collect unreachable objects; with ``max_bytes``, evict least recently resolved keys."""
         return dict(self._native.gc(max_bytes))
 
-    def fsck(self, *, quarantine: bool = False) -> dict[str, Any]:
+    def fsck(self, *, quarantine: bool = False) -> "dict[str, Any]":
         """Re-hash every object and report corrupt ones (optionally moving them aside)."""
         return dict(self._native.fsck(quarantine))
 
