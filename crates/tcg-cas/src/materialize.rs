@@ -220,8 +220,18 @@ impl Store {
             }
             Ok(())
         };
+        // Sized to the largest chunk, at most `IO_BUF`: a small package's
+        // read-back touches a few pages, not a whole buffer (page faults are
+        // most of a small resolve's read-back).
+        let buf_len = m
+            .chunks
+            .iter()
+            .map(|c| c.len)
+            .max()
+            .unwrap_or(0)
+            .clamp(1, IO_BUF as u64) as usize;
         let work = || -> Result<()> {
-            let mut buf = vec![0u8; IO_BUF];
+            let mut buf = vec![0u8; buf_len];
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if i >= m.chunks.len() {
@@ -374,10 +384,10 @@ fn copy_one(
 
 fn rw_copy(src: &File, out: &File, len: u64, off: u64, tmp: &Path) -> Result<u64> {
     use std::os::unix::fs::FileExt;
-    let mut buf = vec![0u8; IO_BUF];
+    let mut buf = vec![0u8; len.clamp(1, IO_BUF as u64) as usize];
     let mut done = 0u64;
     while done < len {
-        let want = (len - done).min(IO_BUF as u64) as usize;
+        let want = (len - done).min(buf.len() as u64) as usize;
         let n = match src.read_at(&mut buf[..want], done) {
             Ok(0) => break,
             Ok(n) => n,
