@@ -140,13 +140,16 @@ try:
         key, dest, target=sm, toolchain=toolchain, recipe=lambda: spec, variant=variant
     )
 except CompileError as e:
+    if variant == "default":
+        raise
     # A variant the graph cannot be minted as: a result (its code and the ops it names).
     print(json.dumps({"key": str(key), "variant": variant, "refused": e.code, "message": str(e)[:3000],
                       "mint_s": time.perf_counter() - t}))
     sys.exit(0)
+weights = os.path.join(work, "weights.safetensors")
 print(json.dumps({"key": str(key), "variant": variant, "outcome": result.outcome.value,
                   "mint_s": time.perf_counter() - t, "write_s": write_s,
-                  "bytes": os.path.getsize(os.path.join(work, "weights.safetensors")) if variant == "default" else None}))
+                  "bytes": os.path.getsize(weights) if variant == "default" else None}))
 """
 )
 
@@ -232,7 +235,9 @@ print(json.dumps({"s": time.perf_counter() - t0}))
 #: (the input is made from raw bytes and handed over through DLPack, on the host: the
 #: graph copies it to the device; ``from_buffer`` would open libtorch to allocate).
 #: The runtime is ``$TORCH_COMPILED_GRAPHS_RUNTIME``'s (``--runtime`` for the variant's way).
-NATIVE = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n" + r"""
+NATIVE = (
+    f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+    + r"""
 import json, os, time
 t0 = time.perf_counter()
 work, key, device, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -268,6 +273,7 @@ if calls:
     out["call_median_s"] = sorted(lat)[len(lat) // 2]
 print(json.dumps(out))
 """
+)
 
 TORCH_LOAD_FILE = r"""
 import json, os, sys, time
@@ -534,8 +540,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     )
     parser.add_argument("--ways", help="comma-separated ways to measure (default: all; the floor's copy always)")
     parser.add_argument(
-        "--mint-only", action="store_true", help="mint (and write the models' files) only; a later run with the "
-        "same --work reuses them"
+        "--mint-only",
+        action="store_true",
+        help="mint (and write the models' files) only; a later run with the same --work reuses them",
     )
     args = parser.parse_args(argv)
     if args.site:
@@ -567,11 +574,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             if record.exists() and (work / "weights.safetensors").exists() and (work / "io.safetensors").exists():
                 minted[name] = {**json.loads(record.read_text()), "reused_from_work": True}
                 continue
+            argv = [str(work), str(cfg["dim"]), str(cfg["blocks"]), str(SEQ), args.device, variant]
             procs[name] = (
                 record,
                 subprocess.Popen(
-                    [sys.executable, "-c", MINT, str(work), str(cfg["dim"]), str(cfg["blocks"]), str(SEQ), args.device]
-                    + [variant],
+                    [sys.executable, "-c", MINT, *argv],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,

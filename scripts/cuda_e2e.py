@@ -2005,6 +2005,7 @@ def main() -> None:
             report["shim"] = shim["summary"]
             print(json.dumps({"shim": shim["summary"]}, indent=1, default=str), flush=True)
             failed_steps = [k for k in shim_e2e.STEPS if isinstance(shim.get(k), dict) and "error" in shim[k]]
+            failed_steps += shim_e2e.failed_checks(shim["summary"])
             if failed_steps:
                 report["bench_error"] = f"shim: {', '.join(failed_steps)} failed (see shim.json)"
             save()

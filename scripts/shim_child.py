@@ -273,6 +273,20 @@ def _end(out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _placed(named: dict[str, Any], device: str) -> tuple[dict[str, Any], str]:
+    """The inputs on ``device`` (through the CUDA driver on a GPU), or, where that fails,
+    on the host (the graph then copies them on each call), and which it was."""
+    import torchfree_io
+
+    try:
+        return torchfree_io.tensors_from(named, device), device
+    except Exception as exc:
+        if device == "cpu":
+            raise
+        why = f"{type(exc).__name__}: {exc}"[:500]
+        return torchfree_io.tensors_from(named, "cpu"), f"host, copied on each call ({device} upload failed: {why})"
+
+
 def run(work: Path, device: str, out_file: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     import torchfree_io
@@ -281,7 +295,7 @@ def run(work: Path, device: str, out_file: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"env_runtime": os.environ.get("TORCH_COMPILED_GRAPHS_RUNTIME")}
     io = torchfree_io.read_safetensors(meta["io"])
     names = [*meta["args"], *meta["kwargs"].values()]
-    inputs = torchfree_io.tensors_from({n: io[n] for n in names}, device)
+    inputs, out["inputs"] = _placed({n: io[n] for n in names}, device)
     args = [inputs[n] for n in meta["args"]]
     kwargs = {k: inputs[n] for k, n in meta["kwargs"].items()}
     result = native(*args, **kwargs)
@@ -316,7 +330,8 @@ def steady(work: Path, device: str, calls: int, warm: int) -> dict[str, Any]:
         out[label]["synchronize"] = how
         for b, names in sorted(meta["bench"].items(), key=lambda kv: int(kv[0])):
             # Inputs placed on the device once, as a server keeps them.
-            args = [torchfree_io.RawTensor(io[n][2], io[n][0], io[n][1], device) for n in names]
+            placed, out[label][f"b{b}_inputs"] = _placed({n: io[n] for n in names}, device)
+            args = [placed[n] for n in names]
             for _ in range(warm):
                 native(*args)
             wait()

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -98,16 +99,49 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[-4000:]
 
 
+class Child:
+    """A child process in a session of its own, so that a timeout ends it and every
+    process it started (compile workers, its own children) by its process group."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+    def wait(self, timeout: float | None) -> tuple[int | None, str, str]:
+        """``(returncode, stdout, stderr)``; ``None`` when it ran past ``timeout`` and was ended."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+            return self.proc.returncode, out, err
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out, err = self.proc.communicate()
+            return None, out, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # its own group: this child and its descendants
+            except ProcessLookupError:
+                pass
+
+
+def _run(argv: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None) -> tuple[int | None, str, str]:
+    return Child(argv, env, cwd).wait(timeout)
+
+
 def _child_json(argv: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None) -> dict[str, Any]:
     """Run a child; its last JSON line is its result, with ``error`` added when it failed,
     printed nothing or ran past ``timeout``. Never raises."""
     t = time.perf_counter()
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
-    except subprocess.TimeoutExpired as exc:
-        tail = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr or "")
-        return {"error": f"timed out after {timeout:.0f} s: {tail[-3000:]}", "wall_s": time.perf_counter() - t}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    rc, stdout, stderr = _run(argv, env, timeout, cwd)
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     out: dict[str, Any] = {}
     if lines:
         try:
@@ -115,9 +149,12 @@ def _child_json(argv: list[str], env: dict[str, str], timeout: float, cwd: Path 
         except ValueError as exc:
             out = {"error": f"unreadable result: {exc}"}
     out["wall_s"] = time.perf_counter() - t
-    if proc.returncode != 0 or not lines:
-        out.setdefault("error", f"exit {proc.returncode}")
-        out["stderr"] = proc.stderr[-3000:]
+    if rc is None:
+        out["error"] = f"timed out after {timeout:.0f} s"
+        out["stderr"] = stderr[-3000:]
+    elif rc != 0 or not lines:
+        out.setdefault("error", f"exit {rc}")
+        out["stderr"] = stderr[-3000:]
     return out
 
 
@@ -130,25 +167,24 @@ def shim_test(opts: Options, env: dict[str, str]) -> dict[str, Any]:
         return {"skipped": "no --shim-test-bin"}
     argv = [opts.test_bin, "--ignored", "--test-threads=1"]
     t = time.perf_counter()
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=max(30.0, min(300.0, opts.left())))
-    except subprocess.TimeoutExpired:
-        return {"error": "timed out"}
+    rc, stdout, stderr = _run(argv, env, max(30.0, min(300.0, opts.left())))
+    if rc is None:
+        return {"error": "timed out", "output_tail": stdout[-3000:] + stderr[-3000:]}
     tests: dict[str, str] = {}
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         # libtest: "test NAME ... ok" / "... FAILED" / "... ignored".
         if line.startswith("test ") and " ... " in line:
             name, _, outcome = line[5:].partition(" ... ")
             tests[name.strip()] = outcome.strip()
     passed = [n for n, o in tests.items() if o == "ok"]
     return {
-        "returncode": proc.returncode,
+        "returncode": rc,
         "seconds": time.perf_counter() - t,
         "tests": tests,
         "passed": len(passed),
         "failed": len([o for o in tests.values() if o.startswith("FAILED")]),
-        "ok": proc.returncode == 0 and len(passed) == len(tests) and bool(tests),
-        "output_tail": (proc.stdout[-3000:] + proc.stderr[-3000:]) if proc.returncode else "",
+        "ok": rc == 0 and len(passed) == len(tests) and bool(tests),
+        "output_tail": (stdout[-3000:] + stderr[-3000:]) if rc else "",
     }
 
 
@@ -247,17 +283,16 @@ def _bench_model(opts: Options) -> str | None:
     return next((m for m in BENCH_MODELS if m in opts.models and _admitted(opts, m)), None)
 
 
-def _loaded_libtorch(prefix: Path) -> list[str]:
-    """The libtorch objects a process loaded, from its ``LD_DEBUG=files`` log."""
+def _loaded_objects(prefix: Path) -> tuple[int, list[str]]:
+    """How many objects a process loaded, and which of them are libtorch's, from its
+    ``LD_DEBUG=files`` log (the dynamic loader's own record, ``dlopen`` included)."""
     names: set[str] = set()
     for log in prefix.parent.glob(prefix.name + ".*"):
         for line in log.read_text(errors="replace").splitlines():
             _, found, rest = line.partition("file=")
-            if found:
-                name = os.path.basename(rest.split()[0]) if rest.split() else ""
-                if name.startswith(("libtorch", "libc10")):
-                    names.add(name)
-    return sorted(names)
+            if found and rest.split():
+                names.add(os.path.basename(rest.split()[0]))
+    return len(names), sorted(n for n in names if n.startswith(("libtorch", "libc10")))
 
 
 def serve(opts: Options, env: dict[str, str]) -> dict[str, Any]:
@@ -291,23 +326,24 @@ def serve(opts: Options, env: dict[str, str]) -> dict[str, Any]:
     argv += ["--rtol", str(rtol), "--atol", str(atol)]
     out: dict[str, Any] = {"model": model, "argv": argv, "tolerance": {"atol": atol, "rtol": rtol}}
     run_env = {**env, "LD_DEBUG": "files", "LD_DEBUG_OUTPUT": str(log)}
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=run_env, timeout=max(30.0, min(180.0, opts.left())))
-    except subprocess.TimeoutExpired:
-        return {**out, "error": "timed out"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    out["returncode"] = proc.returncode
-    out["stderr"] = proc.stderr[-2000:]
+    rc, stdout, stderr = _run(argv, run_env, max(30.0, min(180.0, opts.left())))
+    if rc is None:
+        return {**out, "error": "timed out", "stderr": stderr[-2000:]}
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    out["returncode"] = rc
+    out["stderr"] = stderr[-2000:]
     if lines:
         out["report"] = json.loads(lines[-1])
     else:
-        out["error"] = f"exit {proc.returncode}, no report"
-    out["libtorch_loaded"] = _loaded_libtorch(log)
+        out["error"] = f"exit {rc}, no report: {stdout[-1000:]}"
+    objects, out["libtorch_loaded"] = _loaded_objects(log)
+    out["ld_debug_objects"] = objects
     report = out.get("report") or {}
     out["ok"] = (
-        proc.returncode == 0
+        rc == 0
         and report.get("ok") is True
         and report.get("runtime") == "shim-v1"
+        and objects > 0  # the loader's log was read: an empty list means something
         and not out["libtorch_loaded"]
     )
     return out
@@ -326,7 +362,6 @@ def hitpath(opts: Options, env: dict[str, str]) -> dict[str, Any]:
     """The torch-free hit path in fresh processes against ``python -c pass`` (medians,
     rounds interleaved, one warm-up round; the reference artifact, 2 KB of code)."""
     import bench
-
     from torch_compiled_graphs import Engine
 
     root = opts.work / "hit-store"
@@ -342,9 +377,9 @@ def hitpath(opts: Options, env: dict[str, str]) -> dict[str, Any]:
     for name, code in HIT_CODE.items():
         cases[name] = lambda i, c=code: sh(py, "-c", c, str(root), bench.KEY, str(opts.work / f"hit-{time.time_ns()}"))
     medians = bench.medians(cases, opts.hit_rounds)
+    code = HIT_CODE["import + Engine(root) + resolve"] + "; print('torch' in sys.modules)"
     check = subprocess.run(
-        [py, "-c", HIT_CODE["import + Engine(root) + resolve"] + "; print('torch' in sys.modules)"]
-        + [str(root), bench.KEY, str(opts.work / "hit-torch-check")],
+        [py, "-c", code, str(root), bench.KEY, str(opts.work / "hit-torch-check")],
         capture_output=True,
         text=True,
         env=env,
@@ -360,11 +395,13 @@ def hitpath(opts: Options, env: dict[str, str]) -> dict[str, Any]:
 
 
 def install_bytes(opts: Options, env: dict[str, str]) -> dict[str, Any]:
-    got = _child_json(
-        [sys.executable, str(SCRIPTS / "install_bytes.py"), "--wheel", opts.wheel, "--json"], env, 120.0, cwd=ROOT
-    )
-    if "ratio" in got:
-        got["goal_met"] = got["ratio"] < 0.05
+    """What a worker installs for each path, with this machine's torch (its JSON is indented)."""
+    argv = [sys.executable, str(SCRIPTS / "install_bytes.py"), "--wheel", opts.wheel, "--json"]
+    rc, stdout, stderr = _run(argv, env, 120.0, ROOT)
+    if rc != 0:
+        return {"error": f"exit {rc}: {stderr[-3000:]}"}
+    got: dict[str, Any] = json.loads(stdout)
+    got["goal_met"] = got["ratio"] < 0.05
     return got
 
 
@@ -382,11 +419,7 @@ def steady(opts: Options, env: dict[str, str]) -> dict[str, Any]:
         got = _child_json(argv, {**env, "TORCH_COMPILED_GRAPHS_RUNTIME": runtime}, max(30.0, min(240.0, opts.left())))
         out[variant] = got
     shim_cells, default_cells = out["shim-v1"].get("cells", {}), out["default"].get("cells", {})
-    ratios = {
-        cell: shim_cells[cell] / default_cells[cell]
-        for cell in shim_cells
-        if cell in default_cells and default_cells[cell]
-    }
+    ratios = {cell: shim_cells[cell] / default_cells[cell] for cell in shim_cells if default_cells.get(cell)}
     out["variant_over_default"] = ratios
     out["goal_met"] = {cell: r <= 1.2 for cell, r in ratios.items()}
     return out
@@ -411,37 +444,37 @@ class Minting:
     mint step and waited for before the first timed step."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self._child = Child(argv, env)
         self._started = time.perf_counter()
         self.result: dict[str, Any] | None = None
 
-    def wait(self) -> dict[str, Any]:
+    def wait(self, timeout: float) -> dict[str, Any]:
         if self.result is None:
-            _, err = self._proc.communicate()
-            self.result = {"returncode": self._proc.returncode, "seconds": time.perf_counter() - self._started}
-            if self._proc.returncode != 0:
-                self.result["error"] = err[-3000:]
+            rc, _, err = self._child.wait(max(1.0, timeout))
+            self.result = {"returncode": rc, "seconds": time.perf_counter() - self._started}
+            if rc != 0:
+                self.result["error"] = ("timed out: " if rc is None else "") + err[-3000:]
         return self.result
 
     def stop(self) -> None:
         """End the mints if no step waited for them (the budget ran out first)."""
-        if self.result is None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.communicate()
+        if self.result is None:
+            self._child.kill()
             self.result = {"error": "stopped: no step used them"}
 
 
 def coldstart(opts: Options, site: Path, env: dict[str, str], minting: Minting | None) -> dict[str, Any]:
     """The cold start of the 0.8 GB model (``--shim-sizes``) through both paths and the floor."""
-    if minting is not None and "error" in minting.wait():
-        return {"error": f"the cold-start mints failed: {minting.wait()}"}
+    if minting is not None and "error" in minting.wait(opts.left()):
+        return {"error": f"the cold-start mints failed: {minting.wait(0)}"}
     t = time.perf_counter()
-    proc = subprocess.run(_coldstart_argv(opts, site, False), capture_output=True, text=True, env=env)
+    # Within the stage's budget: past it, what coldstart.py saved so far is the result.
+    rc, _, stderr = _run(_coldstart_argv(opts, site, False), env, max(10.0, opts.left()))
     report_file = opts.out / "shim-coldstart" / "coldstart.json"
     out: dict[str, Any] = json.loads(report_file.read_text()) if report_file.exists() else {}
     out["wall_s"] = time.perf_counter() - t
-    if proc.returncode != 0:
-        out["error"] = f"exit {proc.returncode}: {proc.stderr[-3000:]}"
+    if rc != 0:
+        out["error"] = ("timed out (the stage's budget): " if rc is None else f"exit {rc}: ") + stderr[-3000:]
     return out
 
 
@@ -491,7 +524,7 @@ def shim_stage(
             write()
             continue
         if name in TIMED and minting is not None and "coldstart_mints" not in result:
-            result["coldstart_mints"] = minting.wait()
+            result["coldstart_mints"] = minting.wait(opts.left())
         t = time.perf_counter()
         print(f"shim: {name} ...", file=sys.stderr, flush=True)
         try:
@@ -529,3 +562,10 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     }
     return out
 
+
+def failed_checks(summary: dict[str, Any]) -> list[str]:
+    """The checks of :func:`summary` that ran and failed (a refusal at mint is a result, not a failure)."""
+    failed = [name for name in ("shim_tests_ok", "serve_ok") if summary.get(name) is False]
+    runs = summary.get("runs_libtorch_free_and_equal_to_eager") or {}
+    failed += [f"run {model}" for model, ok in runs.items() if not ok]
+    return failed
