@@ -4,6 +4,7 @@ waits for its first output once the compile is cached, for a ~0.8 GB and a
 
     python3 scripts/coldstart.py --out OUT [--device cuda:0|cpu] [--sizes small,large]
         [--repeat 3] [--serve-bin target/release/examples/serve] [--cxx /usr/bin/g++]
+        [--variant shim-v1 --runtime shim] [--ways native,native_variant,...] [--work DIR [--mint-only]]
 
 Measured in the same run, each in fresh processes, medians of ``--repeat``,
 the ways interleaved round by round (every other round reversed):
@@ -20,7 +21,20 @@ the ways interleaved round by round (every other round reversed):
 - ``rust``: the ``serve`` example (``--serve-bin``), resolve to output on the host;
 - ``libraries``: libtorch's libraries opened alone in a fresh process, as the
   native path opens them: not part of the floor, but what running any
-  AOTInductor graph must load first (reported as a second ratio).
+  AOTInductor graph must load first (reported as a second ratio);
+- with ``--variant shim-v1`` (issue 34), each model is also minted as the
+  libtorch-free variant, and ``native_variant`` (and, with ``--serve-bin``,
+  ``rust_variant``) run its graph on ``--runtime`` (default ``shim``): the
+  libtorch-free path, against ``native`` (the default variant, on libtorch)
+  and the floor. A variant the model cannot be minted as is recorded
+  (``variant_refused``: its code and the ops it names) and its ways skipped.
+  The native ways record their ``runtime`` and the libtorch libraries mapped
+  in their process (``libtorch_mapped``).
+
+``--ways`` measures a subset; ``--mint-only`` mints and writes the models'
+files into ``--work`` and stops, and a later run with the same ``--work``
+reuses them (the shim stage of ``scripts/cuda_e2e.py`` mints them beside its
+own mints).
 
 Each figure is measured inside its process, from before its first import to
 the output (interpreter start-up, the same for every way, is left out). The
@@ -85,8 +99,11 @@ MINT = (
     + r"""
 import json, os, sys, time
 work, dim, blocks, seq, device = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+# The variant minted (docs/keys.md, "Variants"); only the default's child writes the files.
+variant = sys.argv[6] if len(sys.argv) > 6 else "default"
 from safetensors.torch import save_file
 from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
+from torch_compiled_graphs.errors import CompileError
 dtype = torch.bfloat16 if device != "cpu" else torch.float32
 with torch.device("meta"):
     model = Stack(dim, blocks)
@@ -103,11 +120,9 @@ with torch.no_grad():
     x = torch.randn(1, seq, dim, device=device, dtype=dtype, generator=gen)
     y = model(x)
 t = time.perf_counter()
-save_file(model.state_dict(), os.path.join(work, "weights.safetensors"))
-save_file({"x": x.cpu(), "y": y.cpu()}, os.path.join(work, "io.safetensors"))
-# The same as raw 16-bit integers where they are bf16 (numpy has no bfloat16).
-raw = {k: (v.cpu().view(torch.int16) if v.dtype == torch.bfloat16 else v.cpu()) for k, v in {"x": x, "y": y}.items()}
-save_file(raw, os.path.join(work, "io-raw.safetensors"))
+if variant == "default":
+    save_file(model.state_dict(), os.path.join(work, "weights.safetensors"))
+    save_file({"x": x.cpu(), "y": y.cpu()}, os.path.join(work, "io.safetensors"))
 write_s = time.perf_counter() - t
 program = torch.export.export(model, (x,))
 if device == "cpu":
@@ -115,15 +130,26 @@ if device == "cpu":
 else:
     major, minor = torch.cuda.get_device_capability()
     sm = f"sm_{major}{minor}"
-toolchain = record_toolchain()
+toolchain = record_toolchain(variant=variant)
 spec = GraphClassSpec(f"coldstart/stack-{dim}", "bench", program)
 t = time.perf_counter()
 key = RuntimeCompatibility(sm, toolchain=toolchain).key(spec.declare())
-result = Engine(os.path.join(work, "store")).ensure(
-    key, os.path.join(work, "minted"), target=sm, toolchain=toolchain, recipe=lambda: spec
-)
-print(json.dumps({"key": str(key), "outcome": result.outcome.value, "mint_s": time.perf_counter() - t,
-                  "write_s": write_s, "bytes": os.path.getsize(os.path.join(work, "weights.safetensors"))}))
+dest = os.path.join(work, "minted" if variant == "default" else f"minted-{variant}")
+try:
+    result = Engine(os.path.join(work, "store")).ensure(
+        key, dest, target=sm, toolchain=toolchain, recipe=lambda: spec, variant=variant
+    )
+except CompileError as e:
+    if variant == "default":
+        raise
+    # A variant the graph cannot be minted as: a result (its code and the ops it names).
+    print(json.dumps({"key": str(key), "variant": variant, "refused": e.code, "message": str(e)[:3000],
+                      "mint_s": time.perf_counter() - t}))
+    sys.exit(0)
+weights = os.path.join(work, "weights.safetensors")
+print(json.dumps({"key": str(key), "variant": variant, "outcome": result.outcome.value,
+                  "mint_s": time.perf_counter() - t, "write_s": write_s,
+                  "bytes": os.path.getsize(weights) if variant == "default" else None}))
 """
 )
 
@@ -205,40 +231,49 @@ for name in ["libtorch_cpu.so", "libtorch.so", "libtorch_cuda.so"]:
 print(json.dumps({"s": time.perf_counter() - t0}))
 """
 
-NATIVE = r"""
-import json, os, sys, time
+#: The torch-free way: no torch imported and no libtorch opened by the harness either
+#: (the input is made from raw bytes and handed over through DLPack, on the host: the
+#: graph copies it to the device; ``from_buffer`` would open libtorch to allocate).
+#: The runtime is ``$TORCH_COMPILED_GRAPHS_RUNTIME``'s (``--runtime`` for the variant's way).
+NATIVE = (
+    f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+    + r"""
+import json, os, time
 t0 = time.perf_counter()
 work, key, device, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 from torch_compiled_graphs import Engine
-from torch_compiled_graphs.native import from_buffer
 import numpy as np
+import torchfree_io
 graph = Engine(os.path.join(work, "store")).resolve(key, os.path.join(work, "r", str(os.getpid())))
 native = graph.load_native(os.path.join(work, "weights.safetensors"), device=device)
-from safetensors.numpy import load_file
-io = load_file(os.path.join(work, "io-raw.safetensors"))  # bf16 as raw int16
-x = io["x"]
-dtype = "bfloat16" if x.dtype == np.int16 else "float32"
-xin = from_buffer(x.tobytes(), dtype, list(x.shape), device=device)
+io = torchfree_io.read_safetensors(os.path.join(work, "io.safetensors"))
+dtype, shape, raw = io["x"]
+xin = torchfree_io.RawTensor(raw, dtype, shape, "cpu")
 y = native(xin)
-host = np.asarray(y.cpu())
+_, _, host = torchfree_io.host_tensor(y)
 t1 = time.perf_counter()
 assert "torch" not in sys.modules
-out = {"s": t1 - t0, "timings": native.timings}
-def f32(a):
-    if a.dtype.itemsize == 2:
-        return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return a.astype(np.float32)
-out["max_abs_err"] = float(np.abs(f32(host) - f32(io["y"])).max())
+maps = torchfree_io.mapped_libraries()
+out = {"s": t1 - t0, "timings": native.timings, "runtime": native.runtime, "runtime_reason": native.runtime_reason,
+       "libtorch_mapped": maps["libtorch"]}
+def f32(b, dtype):
+    if dtype == "bfloat16":
+        return (np.frombuffer(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.frombuffer(b, np.float32)
+out["max_abs_err"] = float(np.abs(f32(host, dtype) - f32(io["y"][2], io["y"][0])).max())
 if calls:
+    wait, out["synchronize"] = torchfree_io.synchronizer(native)
+    xdev = torchfree_io.RawTensor(raw, dtype, shape, device)  # on the device once, as a server keeps it
     for _ in range(10):
-        native(xin)
-    native.synchronize()
+        native(xdev)
+    wait()
     lat = []
     for _ in range(calls):
-        t = time.perf_counter(); native(xin); native.synchronize(); lat.append(time.perf_counter() - t)
+        t = time.perf_counter(); native(xdev); wait(); lat.append(time.perf_counter() - t)
     out["call_median_s"] = sorted(lat)[len(lat) // 2]
 print(json.dumps(out))
 """
+)
 
 TORCH_LOAD_FILE = r"""
 import json, os, sys, time
@@ -349,11 +384,15 @@ def reader_threads() -> int:
     return min(8, os.cpu_count() or 1)
 
 
-def rust(serve: str, work: Path, key: str, device: str, torch_lib: str) -> dict[str, object]:
+def rust(
+    serve: str, work: Path, key: str, device: str, torch_lib: str, runtime: str | None = None
+) -> dict[str, object]:
     argv = [serve, "--store", str(work / "store"), "--key", key, "--dest", str(work / "r" / f"rust-{time.time_ns()}")]
     argv += ["--torch-lib", torch_lib, "--weights", str(work / "weights.safetensors"), "--verbose"]
     argv += ["--io", str(work / "io.safetensors"), "--in", "x", "--out", "y", "--device", device]
     argv += ["--rtol", "5e-2", "--atol", "5e-2"]
+    if runtime is not None:
+        argv += ["--runtime", runtime]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     # 1: an output beyond the tolerance (reported as ok: false, timed all the same).
     if proc.returncode not in (0, 1) or not proc.stdout.strip():
@@ -364,6 +403,8 @@ def rust(serve: str, work: Path, key: str, device: str, torch_lib: str) -> dict[
         "timings": report.get("timings"),
         "ok": report["ok"],
         "max_abs_err": report.get("max_abs_err"),
+        "runtime": report.get("runtime"),
+        "runtime_reason": report.get("runtime_reason"),
     }
 
 
@@ -395,8 +436,22 @@ def measure(
     if args.serve_bin:
         ways["rust"] = lambda: rust(args.serve_bin, work, key, args.device, torch_lib)
     ways["torch_load"] = lambda: child(TORCH_LOAD, work, key, args.device, 0)
+    variant = minted.get(f"{size}:{args.variant}") if args.variant != "default" else None
+    entry: dict[str, object] = {"bytes": nbytes}
+    if variant is not None and "refused" not in variant:
+        # The libtorch-free path: the variant's graph on --runtime, in the same rounds.
+        vkey = str(variant["key"])
+        venv = {**_env(), "TORCH_COMPILED_GRAPHS_RUNTIME": args.runtime}
+        ways["native_variant"] = lambda: child(NATIVE, work, vkey, args.device, 0, env=venv)
+        if args.serve_bin:
+            ways["rust_variant"] = lambda: rust(args.serve_bin, work, vkey, args.device, torch_lib, args.runtime)
+    elif variant is not None:
+        entry["variant_refused"] = variant
+    if args.ways:
+        wanted = set(args.ways.split(","))
+        ways = {name: way for name, way in ways.items() if name in wanted}
     samples: dict[str, list[dict[str, object]]] = {name: [] for name in ways}
-    entry: dict[str, object] = {"bytes": nbytes, "samples": samples}
+    entry["samples"] = samples
     report[size] = entry
     if cuda:
         entry["floor_h2d"] = child(H2D, nbytes)
@@ -431,6 +486,11 @@ def measure(
         ratios["rust_over_native"] = medians["rust"] / medians["native"]
     if "torch_load" in medians and "native" in medians:
         ratios["torch_load_over_native"] = medians["torch_load"] / medians["native"]
+    for way in ("native_variant", "rust_variant"):
+        if way in medians and floor:
+            ratios[f"{way}_over_floor"] = medians[way] / floor
+        if way in medians and "native" in medians:
+            ratios[f"{way}_over_native"] = medians[way] / medians["native"]
     entry["ratios"] = ratios
     save()
     if args.calls and size == sizes[0]:
@@ -442,6 +502,12 @@ def measure(
             entry["ratios"]["call_native_over_torch_load"] = float(n["call_median_s"]) / float(  # type: ignore[index, arg-type]
                 t["call_median_s"]  # type: ignore[arg-type]
             )
+            if "native_variant" in ways:
+                v = child(NATIVE, work, str(variant["key"]), args.device, args.calls, env=venv)  # type: ignore[index]
+                entry["call_median_s"]["native_variant"] = v["call_median_s"]  # type: ignore[index]
+                entry["ratios"]["call_native_variant_over_native"] = float(v["call_median_s"]) / float(  # type: ignore[index, arg-type]
+                    n["call_median_s"]  # type: ignore[arg-type]
+                )
         except Exception as exc:
             entry["call_error"] = f"{type(exc).__name__}: {exc}"[-3000:]
         save()
@@ -459,6 +525,25 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     parser.add_argument("--work", type=Path, help="where models and stores go (default: a folder in --out)")
     parser.add_argument("--cxx", help="the C++ compiler inductor runs (CXX)")
     parser.add_argument("--calls", type=int, default=50, help="steady-state calls timed per size")
+    parser.add_argument(
+        "--variant",
+        choices=("default", "shim-v1"),
+        default="default",
+        help="also mint each model as this variant and measure its load_native (native_variant) and, with "
+        "--serve-bin, its serve (rust_variant) beside the default's (docs/keys.md, 'Variants')",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=("auto", "libtorch", "shim"),
+        default="shim",
+        help="the runtime of the variant's ways (TORCH_COMPILED_GRAPHS_RUNTIME, serve --runtime)",
+    )
+    parser.add_argument("--ways", help="comma-separated ways to measure (default: all; the floor's copy always)")
+    parser.add_argument(
+        "--mint-only",
+        action="store_true",
+        help="mint (and write the models' files) only; a later run with the same --work reuses them",
+    )
     args = parser.parse_args(argv)
     if args.site:
         SITE.append(os.path.abspath(args.site))
@@ -468,31 +553,48 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     work_root = args.work or args.out / "coldstart-work"
     sizes = [s for s in args.sizes.split(",") if s]
     report: dict[str, object] = {"device": args.device, "repeat": args.repeat, "threads": reader_threads()}
+    if args.variant != "default":
+        report.update(variant=args.variant, runtime=args.runtime)
 
     def save() -> None:
         (args.out / "coldstart.json").write_text(json.dumps(report, indent=1))
 
-    # Both models are minted at once (the compiles dominate; they overlap).
+    # Every model and variant is minted at once (the compiles dominate; they overlap).
+    # A mint this --work already holds (its record, weights and io files) is reused.
     works = {size: work_root / size for size in sizes}
+    variants = ["default"] if args.variant == "default" else ["default", args.variant]
     procs = {}
+    minted: dict[str, dict[str, object]] = {}
     for size, work in works.items():
         work.mkdir(parents=True, exist_ok=True)
         cfg = SIZES[size]
-        procs[size] = subprocess.Popen(
-            [sys.executable, "-c", MINT, str(work), str(cfg["dim"]), str(cfg["blocks"]), str(SEQ), args.device],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=_env(),
-        )
-    minted: dict[str, dict[str, object]] = {}
-    for size, proc in procs.items():
+        for variant in variants:
+            name = size if variant == "default" else f"{size}:{variant}"
+            record = work / f"minted-{variant}.json"
+            if record.exists() and (work / "weights.safetensors").exists() and (work / "io.safetensors").exists():
+                minted[name] = {**json.loads(record.read_text()), "reused_from_work": True}
+                continue
+            argv = [str(work), str(cfg["dim"]), str(cfg["blocks"]), str(SEQ), args.device, variant]
+            procs[name] = (
+                record,
+                subprocess.Popen(
+                    [sys.executable, "-c", MINT, *argv],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=_env(),
+                ),
+            )
+    for name, (record, proc) in procs.items():
         out, err = proc.communicate(timeout=1800)
         if proc.returncode != 0:
-            raise RuntimeError(f"mint of {size} failed:\n{err[-4000:]}")
-        minted[size] = json.loads(out.strip().splitlines()[-1])
+            raise RuntimeError(f"mint of {name} failed:\n{err[-4000:]}")
+        minted[name] = json.loads(out.strip().splitlines()[-1])
+        record.write_text(json.dumps(minted[name]))  # a refusal too: it is the same on every run
     report["minted"] = minted
     save()
+    if args.mint_only:
+        return report
     torch_lib = torch_lib_dir()
     for size in sizes:
         measure(args, size, sizes, works, minted, torch_lib, report, save)

@@ -44,7 +44,16 @@
    ``OUT/weights-once.json``. The whole run may exceed one command's time:
    ``--weights-once-work DIR --weights-once-stages none`` sets up and mints, and
    later commands with the same DIR run chosen stages (``module,set,lora,native,cold``).
-7. Writes everything to ``OUT/cuda-e2e.json`` and prints a summary.
+7. With ``--shim``, issue 34's stage (``scripts/shim_e2e.py``): the tcg-shim GPU
+   tests (``--shim-test-bin``), the libtorch-free variant ``shim-v1`` minted for
+   the block stack and the tier's smallest transformers and diffusers models (and
+   the default variant of each), each admitted graph run torch-free on the shim
+   and compared with eager, the Rust ``serve`` example on the shim, the torch-free
+   hit path, the install bytes, the steady state of the variant against the
+   default, and the cold start (``--shim-sizes``) against the libtorch path and the
+   floor; written to ``OUT/shim.json`` after every step (``--shim-only`` runs some).
+   ``--device cpu`` is its rehearsal on a machine without a GPU.
+8. Writes everything to ``OUT/cuda-e2e.json`` and prints a summary.
 
 On the device machine of this project (see docs/cuda.md), with the wheel
 built here and carried as ``dist``:
@@ -68,6 +77,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import shim_e2e
 from bench import CHILD_ENV  # children run as installed code runs (bytecode caches on)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,6 +218,18 @@ print(time.perf_counter() - t0)
 
 
 def install(wheel: str, target: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("pip") is None:
+        # An interpreter without pip (a uv-made venv, as the CPU rehearsal's): the wheel
+        # is unpacked as pip --target would lay it out (ours has no .data directory).
+        import zipfile
+
+        with zipfile.ZipFile(wheel) as zf:
+            if any(".data/" in name for name in zf.namelist()):
+                raise SystemExit(f"{wheel} has a .data directory: install it with pip")
+            zf.extractall(target)
+        return
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(target), wheel],
         check=True,
@@ -1894,6 +1916,30 @@ def main() -> None:
         help="benchmark only our two loads (no plain compile, warm torch.compile or aoti_load_package)",
     )
     parser.add_argument(
+        "--shim", action="store_true", help="issue 34's shim stage (scripts/shim_e2e.py): OUT/shim.json"
+    )
+    parser.add_argument(
+        "--shim-only", help=f"comma-separated steps of the shim stage (default: all of {','.join(shim_e2e.STEPS)})"
+    )
+    parser.add_argument("--shim-test-bin", help="the tcg-shim cuda_device test binary (cargo test --no-run)")
+    parser.add_argument("--shim-sizes", default="small", help="the shim stage's cold-start models (small,large)")
+    parser.add_argument("--shim-models", help="comma-separated models of the shim stage (default: by device)")
+    parser.add_argument(
+        "--shim-work",
+        help="where the shim stage's mints go (default: a temporary folder); a folder from an earlier run is "
+        "reused (no re-mint), so the steps can be split across commands",
+    )
+    parser.add_argument("--shim-jobs", type=int, default=16, help="mints of the shim stage at once")
+    parser.add_argument(
+        "--shim-budget",
+        type=float,
+        default=540.0,
+        help="seconds for the shim stage: steps not started by then are recorded as skipped",
+    )
+    parser.add_argument(
+        "--device", default="cuda:0", help="the shim stage's device (cpu: its rehearsal on a machine without a GPU)"
+    )
+    parser.add_argument(
         "--cxx",
         default=None,
         help="the C++ compiler for inductor (CXX) in every child; default: the machine's own environment, "
@@ -1934,6 +1980,34 @@ def main() -> None:
         if not args.no_tests and not args.realmodels:
             report["tests"] = run_tests(site, args.out)
             print(json.dumps({"tests": report["tests"]}), flush=True)
+            save()
+        if args.shim:
+            steps = tuple(args.shim_only.split(",")) if args.shim_only else shim_e2e.STEPS
+            unknown = sorted(set(steps) - set(shim_e2e.STEPS))
+            if unknown:
+                raise SystemExit(f"--shim-only: unknown steps {unknown}; the steps are {','.join(shim_e2e.STEPS)}")
+            opts = shim_e2e.Options(
+                device=args.device,
+                out=args.out,
+                work=Path(args.shim_work) if args.shim_work else Path(tmp) / "shim",
+                wheel=os.path.abspath(wheels[0]),
+                steps=steps,
+                models=tuple(args.shim_models.split(",")) if args.shim_models else (),
+                test_bin=os.path.abspath(args.shim_test_bin) if args.shim_test_bin else None,
+                serve_bin=SERVE_BIN[0] if SERVE_BIN else None,
+                cxx=args.cxx,
+                repeat=args.repeat,
+                sizes=args.shim_sizes,
+                jobs=args.shim_jobs,
+                budget_s=args.shim_budget,
+            )
+            shim = shim_e2e.shim_stage(site, opts, child_env, save)
+            report["shim"] = shim["summary"]
+            print(json.dumps({"shim": shim["summary"]}, indent=1, default=str), flush=True)
+            failed_steps = [k for k in shim_e2e.STEPS if isinstance(shim.get(k), dict) and "error" in shim[k]]
+            failed_steps += shim_e2e.failed_checks(shim["summary"])
+            if failed_steps:
+                report["bench_error"] = f"shim: {', '.join(failed_steps)} failed (see shim.json)"
             save()
         if args.realmodels:
             from concurrent.futures import ThreadPoolExecutor

@@ -285,6 +285,18 @@ def refused_spec() -> GraphClassSpec:
     return GraphClassSpec("tests/variant-refused", "t", export(Refused().eval(), (torch.randn(1, 3, 8, 8),)))
 
 
+class Gemm(nn.Module):
+    """A Linear: on the CPU no GEMM template applies to a weight bound by fqn, and the
+    variant lists no ATEN backend, so inductor finds no kernel for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
+
+
 @pytest.fixture(scope="module")
 def minted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The admitted graph minted as the variant; the convolution refused as it, then minted as the default."""
@@ -373,3 +385,39 @@ def test_a_graph_the_variant_cannot_serve_is_refused_with_the_op_and_nothing_pub
     module = Refused().eval()
     x = torch.randn(1, 3, 8, 8)
     torch.testing.assert_close(done.compiled_graph.load(module)(x), module(x))
+
+
+def test_a_no_kernel_failure_names_the_lowered_op_and_nothing_else_does() -> None:
+    from torch_compiled_graphs.variant import no_kernel_ops
+
+    class NoValidChoicesError(RuntimeError):
+        pass
+
+    inner = NoValidChoicesError("No choices to select")
+    outer = RuntimeError(
+        "LoweringException: NoValidChoicesError: No choices\n  target: aten.addmm.default\n  args: ..."
+    )
+    outer.__cause__ = inner
+    assert no_kernel_ops(outer) == ["aten.addmm (no kernel of the variant's template backends: NoValidChoicesError)"]
+    assert no_kernel_ops(inner) == ["an operator inductor names no target for (NoValidChoicesError)"]
+    assert no_kernel_ops(RuntimeError("target: aten.addmm.default, something else failed")) is None
+
+
+@pytest.mark.real_aoti
+def test_a_gemm_without_a_variant_kernel_is_refused_as_the_variant_naming_the_op(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    spec = GraphClassSpec("tests/variant-gemm", "t", export(Gemm().eval(), (torch.randn(4, 16),)))
+    engine = Engine(tmp_path / "store")
+    variant_tc = record_toolchain("shim-v1")
+    key = RuntimeCompatibility("cpu", toolchain=variant_tc).key(spec.declare())
+    with pytest.raises(CompileError) as refusal:
+        engine.ensure(key, tmp_path / "v", target="cpu", toolchain=variant_tc, recipe=lambda: spec, variant="shim-v1")
+    assert refusal.value.code == "compile.variant_refused", str(refusal.value)
+    message = str(refusal.value)
+    assert "aten.addmm (no kernel of the variant's template backends: NoValidChoicesError)" in message, message
+    assert "variant='default'" in message and engine.list() == []
+    # The default variant of the same graph mints (its GEMM an extern through libtorch).
+    default_tc = record_toolchain()
+    default_key = RuntimeCompatibility("cpu", toolchain=default_tc).key(spec.declare())
+    done = engine.ensure(default_key, tmp_path / "d", target="cpu", toolchain=default_tc, recipe=lambda: spec)
+    assert done.outcome is EnsureOutcome.MINTED

@@ -274,10 +274,12 @@ def compile_package(
     ``GraphClassSpec``. The package is code-only and has exactly one entry,
     ``package_name`` (the graph class's display name). ``variant`` is
     ``"default"`` (:data:`POLICY`) or ``"shim-v1"`` (:data:`SHIM_V1_POLICY`;
-    whether its imports fit shim set v1 is judged by the mint, not here).
-    Failures raise ``CompileError`` with codes ``compile.program_invalid``,
-    ``compile.host_policy``, ``compile.context``, ``compile.failed``,
-    ``compile.result_invalid`` or ``compile.package_failed``.
+    whether its imports fit shim set v1 is judged by the mint, not here, except that
+    an op the variant's template backends have no kernel for is ``compile.variant_refused``
+    here, naming the op). Failures raise ``CompileError`` with codes
+    ``compile.program_invalid``, ``compile.host_policy``, ``compile.context``,
+    ``compile.failed``, ``compile.variant_refused``, ``compile.result_invalid`` or
+    ``compile.package_failed``.
     """
     policy = policy_of(variant)
     program = _program(spec_program)
@@ -318,6 +320,12 @@ def compile_package(
     except CompileError:
         raise
     except Exception as exc:
+        if variant != "default":
+            from .variant import no_kernel_ops, refusal
+
+            ops = no_kernel_ops(exc)
+            if ops is not None:
+                raise refusal(package_name, variant, ops) from exc
         raise CompileError(f"AOTInductor compile failed: {type(exc).__name__}: {exc}", "compile.failed") from exc
     finally:
         mode.shape_env = previous_env

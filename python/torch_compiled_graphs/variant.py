@@ -23,7 +23,16 @@ from collections.abc import Mapping
 from . import _native
 from .errors import CompileError, DeclarationError
 
-__all__ = ["DEFAULT_VARIANT", "SHIM_V1", "VARIANTS", "check_request", "judge_package", "refusal_names"]
+__all__ = [
+    "DEFAULT_VARIANT",
+    "SHIM_V1",
+    "VARIANTS",
+    "check_request",
+    "judge_package",
+    "no_kernel_ops",
+    "refusal",
+    "refusal_names",
+]
 
 #: Today's variant: the default compile policy, served through libtorch.
 DEFAULT_VARIANT = "default"
@@ -139,12 +148,48 @@ def judge_package(package: str | os.PathLike[str], entry: str, variant: str) -> 
     missing = _native.shim_set_v1_missing(imports["aoti_torch"], imports["other"])
     if missing:
         calls = _native.package_native_calls(os.fspath(package)) if {_PROXY, _DISPATCHER} & set(missing) else []
-        names = refusal_names(missing, calls)
-        raise CompileError(
-            f"graph class {entry!r} cannot be minted as the libtorch-free variant {variant}: its compiled code "
-            f"needs {'; '.join(names)}, which {_native.SHIM_SET_V1} does not provide (docs/shim.md); nothing "
-            f"was published. Mint the default variant (variant={DEFAULT_VARIANT!r}, under record_toolchain()) "
-            "to serve this graph through libtorch",
-            "compile.variant_refused",
-        )
+        raise refusal(entry, variant, refusal_names(missing, calls))
     return imports
+
+
+def refusal(entry: str, variant: str, names: list[str]) -> CompileError:
+    """``compile.variant_refused`` for graph class ``entry``, naming what its code needs."""
+    return CompileError(
+        f"graph class {entry!r} cannot be minted as the libtorch-free variant {variant}: its compiled code "
+        f"needs {'; '.join(names)}, which {_native.SHIM_SET_V1} does not provide (docs/shim.md); nothing "
+        f"was published. Mint the default variant (variant={DEFAULT_VARIANT!r}, under record_toolchain()) "
+        "to serve this graph through libtorch",
+        "compile.variant_refused",
+    )
+
+
+def no_kernel_ops(exc: BaseException) -> list[str] | None:
+    """The ops inductor found no kernel for under a variant's backends, or ``None``.
+
+    A variant leaves only template backends for GEMMs and convolutions
+    (``max_autotune_gemm_backends``: ``TRITON`` on CUDA, ``CPP`` on the CPU;
+    ``max_autotune_conv_backends``: ``TRITON``; never ``ATEN``). Where no template applies
+    (torch's C++ GEMM template takes only a prepacked constant weight, which a code-only
+    artifact cannot hold; a Triton template may not cover a shape or dtype), inductor
+    raises ``NoValidChoicesError`` inside its lowering instead of emitting an extern: the
+    graph needs an op the variant cannot carry. The lowering's message names it
+    (``target: aten.addmm.default``): ``aten.addmm (no kernel of the variant's GEMM
+    backends: NoValidChoicesError)``.
+    """
+    import re
+
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    if not any("NoValidChoicesError" in type(e).__name__ or "NoValidChoicesError" in str(e) for e in seen):
+        return None
+    ops: list[str] = []
+    for e in seen:
+        for target in re.findall(r"target: ([A-Za-z_][\w.:]*)", str(e)):
+            op = target.removesuffix(".default")
+            name = f"{op} (no kernel of the variant's template backends: NoValidChoicesError)"
+            if name not in ops:
+                ops.append(name)
+    return ops or ["an operator inductor names no target for (NoValidChoicesError)"]
