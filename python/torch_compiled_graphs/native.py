@@ -695,7 +695,8 @@ class NativeGraph:
     def synchronize(self) -> None:
         """Block until the work queued on :attr:`stream` is done (nothing to wait for on CPU)."""
         if self.device != "cpu":
-            _native.synchronize(self._lib, self._stream)
+            # Through the graph's own runtime: libtorch's CUDA runtime, or the shim's.
+            self._model.synchronize(self._stream)
 
     @property
     def added_nbytes(self) -> int:

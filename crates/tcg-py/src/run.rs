@@ -626,6 +626,19 @@ impl NativeModel {
             .collect())
     }
 
+    /// Block until the work queued on `stream` of this graph's device is done,
+    /// through the runtime the graph runs on (libtorch's CUDA runtime, or the
+    /// shim's driver API); nothing to wait for on the CPU.
+    #[pyo3(signature = (stream=0))]
+    fn synchronize(&self, py: Python<'_>, stream: usize) -> PyResult<()> {
+        if !self.inner.device().is_cuda() {
+            return Ok(());
+        }
+        let graph = Arc::clone(&self.inner);
+        py.detach(move || graph.torch().cuda()?.synchronize(stream))
+            .py()
+    }
+
     /// `"cpu"` or `"cuda:N"`.
     #[getter]
     fn device(&self) -> String {
