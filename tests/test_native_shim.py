@@ -203,3 +203,76 @@ def test_a_cuda_device_goes_to_the_shim_only_when_forced(graph: Any) -> None:
     assert getattr(e.value, "code", None) == "run.native_unsupported", str(e.value)
     # Forced, the imports decide as on the CPU: the reference package's GEMM.
     assert "aoti_torch_cpu_addmm_out" in str(e.value)
+
+
+# An embedding lookup: inductor's CPU kernel checks each index against the table
+# through AOTI_TORCH_CHECK, so the package imports aoti_torch_check, whose failure
+# the shim raises as a C++ exception for the container to catch.
+CHECK_CHILD = r"""
+import json, sys
+import numpy as np
+from torch_compiled_graphs import Engine
+from torch_compiled_graphs.errors import BindingError
+
+root, key = sys.argv[1], sys.argv[2]
+native = Engine(root + "/store").resolve(key, root + "/child-graph").load_native(root + "/w.safetensors")
+idx = np.load(root + "/idx.npy")
+report = {"runtime": native.runtime, "ok": np.asarray(native(idx)).tolist()}
+bad = idx.copy()
+bad[1] = 99
+try:
+    native(bad)
+    report["bad"] = None
+except BindingError as exc:
+    report["bad"] = [exc.code, str(exc)]
+report["after"] = np.asarray(native(idx)).tolist()
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.real_aoti
+def test_a_failed_index_check_on_the_shim_is_a_typed_error_and_the_graph_keeps_serving(
+    tmp_path: Any,
+) -> None:
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    from torch_compiled_graphs import Engine, GraphClassSpec, RuntimeCompatibility, record_toolchain
+
+    class Lookup(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.arange(32, dtype=torch.float32).reshape(8, 4))
+
+        def forward(self, idx: Any) -> Any:
+            return torch.nn.functional.embedding(idx, self.table) * 2
+
+    model = Lookup().eval()
+    save_file({"table": model.table.detach().contiguous()}, str(tmp_path / "w.safetensors"))
+    idx = torch.tensor([3, 0, 7, 5], dtype=torch.int64)
+    np.save(tmp_path / "idx.npy", idx.numpy())
+    with torch.no_grad():
+        eager = model(idx).numpy()
+    toolchain = record_toolchain(variant="shim-v1")
+    spec = GraphClassSpec("tests/native-shim-lookup", "serve", torch.export.export(model, (idx,)))
+    key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
+    stored = (
+        Engine(tmp_path / "store")
+        .ensure(key, tmp_path / "graph", target="cpu", toolchain=toolchain, recipe=lambda: spec, variant="shim-v1")
+        .compiled_graph
+    )
+    assert "aoti_torch_check" in stored.shim_imports["aoti_torch"], stored.shim_imports
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK_CHILD, str(tmp_path), key],
+        capture_output=True,
+        text=True,
+        env=_child_env(),
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["runtime"] == "shim-v1"
+    assert np.array_equal(np.asarray(report["ok"], dtype=np.float32), eager)
+    assert report["bad"] is not None and report["bad"][0] == "run.execution_failed", report["bad"]
+    assert np.array_equal(np.asarray(report["after"], dtype=np.float32), eager)

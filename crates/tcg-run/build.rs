@@ -4,6 +4,9 @@
 //! links tcg-run (the Python extension of the wheel, the serve example), and
 //! the library it loads is always the one built from the same sources.
 //!
+//! `aoti_torch_check` throws a C++ exception, from `src/check.cpp` of the
+//! shim, compiled here with `CXX` (else `c++`) and linked in with libstdc++.
+//!
 //! No Rust crate depends on tcg-shim (its `#[no_mangle]` symbols would be
 //! exported from the binary that links it): only its bytes are carried here.
 
@@ -21,6 +24,29 @@ fn main() {
     );
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("set by cargo"));
     let so = out.join("libtcg_shim.so");
+    // The C++ throw behind `aoti_torch_check` (crates/tcg-shim/src/check.cpp,
+    // as the shim's own build.rs compiles it).
+    let check = shim.join("src/check.cpp");
+    println!("cargo:rerun-if-env-changed=CXX");
+    let obj = out.join("tcg_shim_check.o");
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
+    let status = Command::new(&cxx)
+        .args(["-std=c++17", "-O2", "-fPIC", "-c"])
+        .arg(&check)
+        .arg("-o")
+        .arg(&obj)
+        .status()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run the C++ compiler {cxx} for {}: {e}",
+                check.display()
+            )
+        });
+    assert!(
+        status.success(),
+        "{cxx} failed to compile {}",
+        check.display()
+    );
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let mut cmd = Command::new(rustc);
     cmd.arg("--crate-name")
@@ -37,6 +63,9 @@ fn main() {
             "strip=debuginfo",
         ])
         .args(["-C", "link-arg=-Wl,-soname,libtcg_shim.so"])
+        .arg("-C")
+        .arg(format!("link-arg={}", obj.display()))
+        .args(["-C", "link-arg=-lstdc++"])
         .args(["--cap-lints", "allow"])
         .arg("-o")
         .arg(&so)

@@ -8,6 +8,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod alloc;
+pub mod check;
 mod copy;
 pub mod cuda;
 pub mod dtype;

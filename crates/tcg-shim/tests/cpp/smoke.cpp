@@ -5,6 +5,8 @@
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
 #include <cstdio>
+#include <cstring>
+#include <exception>
 
 #define CHECK(x)                                                        \
   do {                                                                  \
@@ -97,6 +99,27 @@ int main() {
   for (AtenTensorHandle h : {v, c, d, alias, b, b2}) {
     CHECK(aoti_torch_delete_tensor_object(h) == AOTI_TORCH_SUCCESS);
   }
+
+  // aoti_torch_check: a holding check returns; a failed one throws a C++
+  // exception naming the message, the function and the line, which the
+  // generated code's container catches (here: this try block). Through the
+  // header's own macro, as generated kernels call it.
+  aoti_torch_check(true, "f", "smoke.cpp", 1, "never");
+  bool thrown = false;
+  try {
+    AOTI_TORCH_CHECK(n < 0, "index 7 is out of bounds");
+  } catch (const std::exception& e) {
+    thrown = std::strstr(e.what(), "index 7 is out of bounds") != nullptr &&
+             std::strstr(e.what(), "main") != nullptr && std::strstr(e.what(), "smoke.cpp") != nullptr;
+  }
+  CHECK(thrown);
+  thrown = false;
+  try {
+    aoti_torch_check(false, nullptr, nullptr, 0, nullptr);
+  } catch (const std::exception& e) {
+    thrown = std::strstr(e.what(), "check failed") != nullptr;
+  }
+  CHECK(thrown);
   std::printf("ok\n");
   return 0;
 }
