@@ -108,29 +108,7 @@ fn one_toolchain_member_is_named_with_both_values() {
 
 /// The CLI's `explain KEY_A KEY_B` text of two facts.
 fn pair_text(a: &KeyFacts, b: &KeyFacts) -> String {
-    let diffs = diff_facts(a, b);
-    let side = |f: &KeyFacts| {
-        let mut m = Map::new();
-        m.insert("key".into(), f.key.clone().into());
-        Value::Object(m)
-    };
-    let mut report = Map::new();
-    report.insert("a".into(), side(a));
-    report.insert("b".into(), side(b));
-    report.insert(
-        "differing_axes".into(),
-        Value::Array(
-            differing_axes(&diffs)
-                .into_iter()
-                .map(Value::from)
-                .collect(),
-        ),
-    );
-    report.insert(
-        "differences".into(),
-        Value::Array(diffs.iter().map(|d| d.to_value()).collect()),
-    );
-    tcg_core::engine::render_pair(&Value::Object(report))
+    tcg_core::engine::render_pair(&tcg_core::engine::pair_report(a, b))
 }
 
 #[test]

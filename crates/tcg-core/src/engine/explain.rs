@@ -268,24 +268,7 @@ impl Engine {
         let Some(fb) = self.stored_facts(b)? else {
             return Ok(Err(b.to_string()));
         };
-        let diffs = diff_facts(&fa, &fb);
-        let mut m = Map::new();
-        m.insert("a".into(), entry_value(&fa));
-        m.insert("b".into(), entry_value(&fb));
-        m.insert(
-            "differing_axes".into(),
-            Value::Array(
-                differing_axes(&diffs)
-                    .into_iter()
-                    .map(Value::from)
-                    .collect(),
-            ),
-        );
-        m.insert(
-            "differences".into(),
-            Value::Array(diffs.iter().map(|d| d.to_value()).collect()),
-        );
-        Ok(Ok(Value::Object(m)))
+        Ok(Ok(pair_report(&fa, &fb)))
     }
 
     /// What is stored for graph class `name`: every entry (key order), each
@@ -361,6 +344,30 @@ fn axes_value(f: &KeyFacts) -> Value {
     m.insert("graph".into(), f.declaration.class_hash().into());
     m.insert("sm".into(), f.sm.as_str().into());
     m.insert("toolchain".into(), toolchain_axis(&f.toolchain).into());
+    Value::Object(m)
+}
+
+/// The report of two keys' facts, `a` in the requested role: each side's
+/// entry, the differing axes and every difference (what `explain KEY_A
+/// KEY_B` prints through [`crate::engine::render_pair`]).
+pub fn pair_report(a: &KeyFacts, b: &KeyFacts) -> Value {
+    let diffs = diff_facts(a, b);
+    let mut m = Map::new();
+    m.insert("a".into(), entry_value(a));
+    m.insert("b".into(), entry_value(b));
+    m.insert(
+        "differing_axes".into(),
+        Value::Array(
+            differing_axes(&diffs)
+                .into_iter()
+                .map(Value::from)
+                .collect(),
+        ),
+    );
+    m.insert(
+        "differences".into(),
+        Value::Array(diffs.iter().map(|d| d.to_value()).collect()),
+    );
     Value::Object(m)
 }
 
