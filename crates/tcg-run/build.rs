@@ -13,6 +13,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+include!("../tcg-shim/build_check.rs");
+
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let shim = manifest.join("../tcg-shim");
@@ -26,27 +28,8 @@ fn main() {
     let so = out.join("libtcg_shim.so");
     // The C++ throw behind `aoti_torch_check` (crates/tcg-shim/src/check.cpp,
     // as the shim's own build.rs compiles it).
-    let check = shim.join("src/check.cpp");
-    println!("cargo:rerun-if-env-changed=CXX");
     let obj = out.join("tcg_shim_check.o");
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    let status = Command::new(&cxx)
-        .args(["-std=c++17", "-O2", "-fPIC", "-c"])
-        .arg(&check)
-        .arg("-o")
-        .arg(&obj)
-        .status()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run the C++ compiler {cxx} for {}: {e}",
-                check.display()
-            )
-        });
-    assert!(
-        status.success(),
-        "{cxx} failed to compile {}",
-        check.display()
-    );
+    compile_check_object(&shim.join("src/check.cpp"), &obj);
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let mut cmd = Command::new(rustc);
     cmd.arg("--crate-name")

@@ -6,31 +6,13 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+include!("build_check.rs");
+
 fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let src = manifest.join("src/check.cpp");
-    println!("cargo:rerun-if-changed={}", src.display());
-    println!("cargo:rerun-if-env-changed=CXX");
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("set by cargo"));
     let obj = out.join("check.o");
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    let status = Command::new(&cxx)
-        .args(["-std=c++17", "-O2", "-fPIC", "-c"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&obj)
-        .status()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run the C++ compiler {cxx} for {}: {e}",
-                src.display()
-            )
-        });
-    assert!(
-        status.success(),
-        "{cxx} failed to compile {}",
-        src.display()
-    );
+    compile_check_object(&manifest.join("src/check.cpp"), &obj);
     let archive = out.join("libtcg_shim_check.a");
     let _ = std::fs::remove_file(&archive);
     let status = Command::new("ar")
