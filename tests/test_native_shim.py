@@ -115,6 +115,22 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _child_report(code: str, *args: str) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter (no torch unless it imports it) and
+    return the JSON report of its last line; it must exit 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=_child_env(),
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
 def _close(got: Any, want: np.ndarray) -> None:
     np.testing.assert_allclose(np.asarray(got, dtype=np.float32).reshape(want.shape), want, rtol=1e-5, atol=1e-6)
 
@@ -124,16 +140,7 @@ def test_a_covered_package_runs_on_the_shim_in_a_process_without_libtorch(shim_m
     stored = shim_minted["stored"]
     imports = stored.shim_imports
     assert imports["other"] == [] and imports["aoti_torch"], imports
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(shim_minted["root"]), shim_minted["key"]],
-        capture_output=True,
-        text=True,
-        env=_child_env(),
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = _child_report(CHILD, str(shim_minted["root"]), shim_minted["key"])
     assert report["runtime"] == "shim-v1"
     assert report["reason"] == f"every import ({len(imports['aoti_torch'])} aoti_torch_*) in shim set v1"
     assert report["torch_check"] == "not needed (shim runtime)"
@@ -262,16 +269,7 @@ def test_a_failed_index_check_on_the_shim_is_a_typed_error_and_the_graph_keeps_s
         .compiled_graph
     )
     assert "aoti_torch_check" in stored.shim_imports["aoti_torch"], stored.shim_imports
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK_CHILD, str(tmp_path), key],
-        capture_output=True,
-        text=True,
-        env=_child_env(),
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = _child_report(CHECK_CHILD, str(tmp_path), key)
     assert report["runtime"] == "shim-v1"
     assert np.array_equal(np.asarray(report["ok"], dtype=np.float32), eager)
     assert report["bad"] is not None and report["bad"][0] == "run.execution_failed", report["bad"]
