@@ -3,14 +3,16 @@
 //! prototypes fix the argument types at each call, so a signature of ours
 //! that differs from shim.h gives wrong values there.
 //!
-//! Needs torch's headers (`TCG_TORCH_INCLUDE`, else the workspace's `.venv`)
-//! and a C++ compiler (`CXX`, else `c++`); without them the test says so on
-//! stderr and passes.
+//! Needs torch's headers (`TCG_TORCH_INCLUDE`, else the workspace's `.venv`;
+//! without them the test says so on stderr and passes) and the C++ compiler
+//! the shim's build uses (`CXX`, else `c++`).
 //!
 //! It loads `target/<profile>/deps/libtcg_shim.so`, whose name carries no
 //! hash: a `cargo build` and a `cargo test` of different sources can leave a
 //! stale one there (seen while mutation-testing this crate); `cargo clean -p
 //! tcg-shim` clears it.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,45 +36,11 @@ fn torch_shim_header_calls_reach_our_library_with_the_right_arguments() {
         eprintln!("skipped: no torch headers (set TCG_TORCH_INCLUDE)");
         return;
     };
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    // The test binary lives in target/<profile>/deps, next to libtcg_shim.so.
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    assert!(
-        deps.join("libtcg_shim.so").is_file(),
-        "no libtcg_shim.so in {}",
-        deps.display()
-    );
     let out_dir = std::env::temp_dir().join(format!("tcg-shim-smoke-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir).unwrap();
     let exe = out_dir.join("smoke");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cpp/smoke.cpp");
-    let build = match Command::new(&cxx)
-        .args(["-std=c++17", "-O0", "-I"])
-        .arg(&include)
-        .arg(&src)
-        .arg("-L")
-        .arg(&deps)
-        .arg("-ltcg_shim")
-        .arg(format!("-Wl,-rpath,{}", deps.display()))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("skipped: no C++ compiler {cxx:?}: {e}");
-            return;
-        }
-    };
-    assert!(
-        build.status.success(),
-        "{}",
-        String::from_utf8_lossy(&build.stderr)
-    );
+    common::build_cpp_against_shim(&src, &include, &[], &exe);
     let run = Command::new(&exe).output().unwrap();
     let _ = std::fs::remove_dir_all(&out_dir);
     assert!(

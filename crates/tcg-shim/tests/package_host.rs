@@ -7,13 +7,15 @@
 //! mapped.
 //!
 //! Needs a Python with torch (`TCG_TORCH_PYTHON`, else the workspace's
-//! `.venv/bin/python`) and a C++ compiler (`CXX`, else `c++`); without them
-//! the test says so on stderr and passes.
+//! `.venv/bin/python`; without it the test says so on stderr and passes) and
+//! the C++ compiler the shim's build uses (`CXX`, else `c++`).
 //!
 //! It loads `target/<profile>/deps/libtcg_shim.so`, whose name carries no
 //! hash: a `cargo build` and a `cargo test` of different sources can leave a
 //! stale one there (seen while mutation-testing this crate); `cargo clean -p
 //! tcg-shim` clears it. The mint takes 10-60 s.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -54,34 +56,12 @@ fn a_libtorch_free_cpu_package_runs_on_the_shim_alone() {
     let include = lines.next().unwrap().to_string();
     let model_so = lines.next().unwrap().to_string();
 
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
     let exe = work.join("run_package");
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-    let build = match Command::new(&cxx)
-        .args(["-std=c++17", "-O0", "-I", &include])
-        .arg(manifest.join("tests/cpp/run_package.cpp"))
-        .arg("-L")
-        .arg(&deps)
-        .arg("-ltcg_shim")
-        .arg(format!("-Wl,-rpath,{}", deps.display()))
-        .args(["-ldl", "-o"])
-        .arg(&exe)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("skipped: no C++ compiler {cxx:?}: {e}");
-            return;
-        }
-    };
-    assert!(
-        build.status.success(),
-        "{}",
-        String::from_utf8_lossy(&build.stderr)
+    common::build_cpp_against_shim(
+        &manifest.join("tests/cpp/run_package.cpp"),
+        Path::new(&include),
+        &["-ldl"],
+        &exe,
     );
     let run = Command::new(&exe)
         .arg(&model_so)

@@ -185,3 +185,45 @@ pub fn storage_weak(h: AtenTensorHandle) -> std::sync::Weak<Storage> {
 pub fn iota(n: usize) -> Vec<f32> {
     (0..n).map(|i| i as f32).collect()
 }
+
+/// Build the C++ program `src` against torch's headers in `include` and this
+/// crate's `libtcg_shim.so` (found next to the test binary, in
+/// target/<profile>/deps, with an rpath to it) into `exe`, with `extra`
+/// compiler arguments; panics with the compiler's output when it fails. The
+/// compiler is `CXX`, else `c++`: the one the shim's own build needs.
+pub fn build_cpp_against_shim(
+    src: &std::path::Path,
+    include: &std::path::Path,
+    extra: &[&str],
+    exe: &std::path::Path,
+) {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    assert!(
+        deps.join("libtcg_shim.so").is_file(),
+        "no libtcg_shim.so in {}",
+        deps.display()
+    );
+    let build = std::process::Command::new(&cxx)
+        .args(["-std=c++17", "-O0", "-I"])
+        .arg(include)
+        .arg(src)
+        .arg("-L")
+        .arg(&deps)
+        .arg("-ltcg_shim")
+        .arg(format!("-Wl,-rpath,{}", deps.display()))
+        .args(extra)
+        .arg("-o")
+        .arg(exe)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the C++ compiler {cxx:?}: {e}"));
+    assert!(
+        build.status.success(),
+        "{}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+}
