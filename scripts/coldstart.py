@@ -391,9 +391,18 @@ def rust(
     argv += ["--torch-lib", torch_lib, "--weights", str(work / "weights.safetensors"), "--verbose"]
     argv += ["--io", str(work / "io.safetensors"), "--in", "x", "--out", "y", "--device", device]
     argv += ["--rtol", "5e-2", "--atol", "5e-2"]
+    env = dict(os.environ)
     if runtime is not None:
         argv += ["--runtime", runtime]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        if runtime == "shim" and device.startswith("cuda") and "TORCH_COMPILED_GRAPHS_CUDART" not in env:
+            # A process without Python is told where the CUDA runtime is (docs/run.md, "Runtime").
+            try:
+                from torch_compiled_graphs.native import find_cuda_runtime
+            except ImportError:  # not importable here: serve searches on its own
+                pass
+            else:
+                env["TORCH_COMPILED_GRAPHS_CUDART"] = find_cuda_runtime() or ""
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     # 1: an output beyond the tolerance (reported as ok: false, timed all the same).
     if proc.returncode not in (0, 1) or not proc.stdout.strip():
         raise RuntimeError(f"serve failed ({proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-2000:]}")

@@ -263,7 +263,7 @@ def run_json(code: str, args: list[str], env: dict[str, str]) -> dict[str, objec
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t
     if proc.returncode != 0:
-        raise RuntimeError(f"child {args[:1]} failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"child {args[:1]} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     out: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
     out["wall_s"] = wall
     return out
@@ -415,9 +415,9 @@ def bench(
             try:
                 got = run_json(code, [mode, str(work), key], child_env(site, work / cache))
             except RuntimeError as exc:
-                if mode != "load-native":
-                    raise
-                result["load_native_error"] = str(exc)[-4000:]
+                # Recorded, and the other ways still run: torch's own loader (a baseline)
+                # has failed at exit on the device without a word on stderr.
+                result[f"{mode.replace('-', '_')}_error"] = str(exc)[-4000:]
                 continue
             assert got["finite"], mode
             samples[mode].append(float(got["wall_s"]))  # type: ignore[arg-type]

@@ -285,12 +285,14 @@ def _bench_model(opts: Options) -> str | None:
 
 def _loaded_objects(prefix: Path) -> tuple[int, list[str]]:
     """How many objects a process loaded, and which of them are libtorch's, from its
-    ``LD_DEBUG=files`` log (the dynamic loader's own record, ``dlopen`` included)."""
+    ``LD_DEBUG=files`` log (the dynamic loader's own record, ``dlopen`` included). Only
+    ``generating link map`` lines count: a ``dlopen(RTLD_NOLOAD)`` probe (whether
+    libtorch's allocator is loaded) logs the name it asked for without loading it."""
     names: set[str] = set()
     for log in prefix.parent.glob(prefix.name + ".*"):
         for line in log.read_text(errors="replace").splitlines():
             _, found, rest = line.partition("file=")
-            if found and rest.split():
+            if found and rest.split() and "generating link map" in rest:
                 names.add(os.path.basename(rest.split()[0]))
     return len(names), sorted(n for n in names if n.startswith(("libtorch", "libc10")))
 
@@ -326,6 +328,14 @@ def serve(opts: Options, env: dict[str, str]) -> dict[str, Any]:
     argv += ["--rtol", str(rtol), "--atol", str(atol)]
     out: dict[str, Any] = {"model": model, "argv": argv, "tolerance": {"atol": atol, "rtol": rtol}}
     run_env = {**env, "LD_DEBUG": "files", "LD_DEBUG_OUTPUT": str(log)}
+    if opts.device.startswith("cuda"):
+        from torch_compiled_graphs.native import find_cuda_runtime
+
+        # A process without Python is told where the CUDA runtime is (docs/run.md, "Runtime").
+        cudart = find_cuda_runtime()
+        if cudart and "TORCH_COMPILED_GRAPHS_CUDART" not in run_env:
+            run_env["TORCH_COMPILED_GRAPHS_CUDART"] = cudart
+        out["cudart"] = run_env.get("TORCH_COMPILED_GRAPHS_CUDART")
     rc, stdout, stderr = _run(argv, run_env, max(30.0, min(180.0, opts.left())))
     if rc is None:
         return {**out, "error": "timed out", "stderr": stderr[-2000:]}

@@ -53,7 +53,15 @@ if TYPE_CHECKING:
 LOGGER = logging.getLogger("torch_compiled_graphs")
 
 
-__all__ = ["GraphOutput", "NativeGraph", "NativeWeightsSet", "find_torch_lib", "from_buffer", "to_numpy"]
+__all__ = [
+    "GraphOutput",
+    "NativeGraph",
+    "NativeWeightsSet",
+    "find_cuda_runtime",
+    "find_torch_lib",
+    "from_buffer",
+    "to_numpy",
+]
 
 # numpy type strings (and buffer-protocol formats) of the dtypes the path passes.
 _TYPESTR = {
@@ -418,6 +426,48 @@ def _prepare_cuda(captures_wanted: bool, captures_max: int) -> None:
             os.environ[_ALLOC_CONF[0]] = "backend:cudaMallocAsync"  # what libtorch now reads
 
 
+_CUDA_RUNTIME_LOADED: list[str] = []
+
+
+def find_cuda_runtime() -> str | None:
+    """The CUDA runtime library (``libcudart.so.N``) of an ``nvidia-cuda-runtime``
+    wheel on ``sys.path``, the newest major found; ``None`` when no wheel holds one.
+    What a process without Python (the Rust ``Served``) can be given through
+    ``TORCH_COMPILED_GRAPHS_CUDART``."""
+    import glob
+    import re
+    import sys
+
+    found: list[tuple[int, str]] = []
+    for entry in sys.path:
+        if not entry or not os.path.isdir(os.path.join(entry, "nvidia")):
+            continue
+        for path in glob.glob(os.path.join(glob.escape(entry), "nvidia", "*", "lib", "libcudart.so.*")):
+            m = re.fullmatch(r"libcudart\.so\.(\d+)", os.path.basename(path))
+            if m and os.path.isfile(path):
+                found.append((int(m.group(1)), path))
+    return max(found)[1] if found else None
+
+
+def _load_cuda_runtime() -> None:
+    """Before a CUDA graph opens on the shim runtime: load :func:`find_cuda_runtime`'s
+    library with ``RTLD_LOCAL``. The graph's code calls that library without naming
+    it; the native side names the loaded one in the graph's binding stub
+    (crates/tcg-run/src/cudart.rs, docs/run.md "Runtime"). Nothing is loaded when
+    ``TORCH_COMPILED_GRAPHS_CUDART`` names the file or no wheel holds one (the native
+    side then asks the dynamic loader and ``/usr/local/cuda``)."""
+    if _CUDA_RUNTIME_LOADED or os.environ.get("TORCH_COMPILED_GRAPHS_CUDART"):
+        return
+    path = find_cuda_runtime()
+    if path is None:
+        return
+    import ctypes
+
+    ctypes.CDLL(path, mode=os.RTLD_LOCAL)
+    _CUDA_RUNTIME_LOADED.append(path)
+    LOGGER.debug("load_native: CUDA runtime %s", path)
+
+
 _RUNTIME_OPTIONS = ("auto", "libtorch", "shim")
 
 
@@ -518,6 +568,8 @@ class NativeGraph:
         else:
             lib = ""
             self.torch_check = "not needed (shim runtime)"
+            if device.startswith("cuda"):
+                _load_cuda_runtime()
         self._lib = lib
         rows = [(r["fqn"], r["source"], r["dtype"], [int(d) for d in r["shape"]]) for r in stored.constants]
         literals = os.path.join(stored.path, "constants.safetensors")

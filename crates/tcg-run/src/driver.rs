@@ -48,6 +48,7 @@ type EventRecord = unsafe extern "C" fn(CuEvent, CuStream) -> CuResult;
 type EventOp = unsafe extern "C" fn(CuEvent) -> CuResult;
 type MemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult;
 type GetErrorString = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
+type DriverGetVersion = unsafe extern "C" fn(*mut c_int) -> CuResult;
 
 /// The driver's entry points this crate calls.
 pub struct Driver {
@@ -72,6 +73,7 @@ pub struct Driver {
     event_destroy: EventOp,
     mem_get_info: MemGetInfo,
     get_error_string: GetErrorString,
+    driver_get_version: DriverGetVersion,
     _lib: Library,
 }
 
@@ -162,6 +164,7 @@ impl Driver {
             event_destroy: symbol(&lib, "cuEventDestroy_v2")?,
             mem_get_info: symbol(&lib, "cuMemGetInfo_v2")?,
             get_error_string: symbol(&lib, "cuGetErrorString")?,
+            driver_get_version: symbol(&lib, "cuDriverGetVersion")?,
             _lib: lib,
         })
     }
@@ -214,6 +217,21 @@ impl Driver {
             "cuDeviceGet",
         )?;
         Ok(device)
+    }
+
+    /// The CUDA version the driver supports (`cuDriverGetVersion`: 13000
+    /// for 13.0); callable before `cuInit`.
+    pub fn version(&self) -> Result<i32> {
+        let mut v: c_int = 0;
+        // SAFETY: writes one int.
+        let rc = unsafe { (self.driver_get_version)(&mut v) };
+        if rc != 0 {
+            return Err(unavailable(format!(
+                "cuDriverGetVersion failed: {}",
+                self.describe(rc)
+            )));
+        }
+        Ok(v)
     }
 
     /// The compute capability `(major, minor)` of device `index`, asked of

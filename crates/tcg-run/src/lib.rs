@@ -26,6 +26,7 @@ pub mod call;
 pub mod capture;
 pub mod cgroup;
 pub mod cuda;
+pub mod cudart;
 pub mod dlpack;
 pub mod driver;
 pub mod extract;

@@ -7,8 +7,10 @@
 //! namespace with `RTLD_LOCAL` (never in the global scope, so libtorch's own
 //! `aoti_torch_*` calls never reach it), and each graph's `.so` is opened
 //! through a *binding stub*: a tiny shared object, written here, whose only
-//! content is two `DT_NEEDED` entries, the shim (by the path it was opened
-//! from) and the package's `.so` (by its path), opened with
+//! content is three `DT_NEEDED` entries, the shim (by the path it was opened
+//! from), the CUDA runtime the package's wrapper calls (`libcudart`, which
+//! the package does not name itself; [`crate::cudart`]) and the package's
+//! `.so` (by its path), opened with
 //! `RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND`. With `RTLD_DEEPBIND` every object
 //! that open loads resolves its symbols in the stub's own dependency list
 //! (stub, shim, package, then their dependencies, breadth first) *before*
@@ -134,11 +136,12 @@ pub fn stub_elf(needed: &[&str]) -> Result<Vec<u8>, String> {
     Ok(f)
 }
 
-/// Opens `package_so` bound to the shim loaded from `shim_path` (module
-/// docs): writes a stub needing both to an anonymous file and opens it with
+/// Opens `package_so` bound to the shim loaded from `shim_path` and to the
+/// CUDA runtime at `cudart` (module docs; [`crate::cudart`]): writes a stub
+/// needing the three to an anonymous file and opens it with
 /// `RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND`. The returned library is the
 /// stub's handle; `dlsym` on it finds the package's exports.
-pub fn open_bound(shim_path: &Path, package_so: &Path) -> Result<Library, String> {
+pub fn open_bound(shim_path: &Path, cudart: &Path, package_so: &Path) -> Result<Library, String> {
     let package = std::fs::canonicalize(package_so)
         .map_err(|e| format!("cannot resolve {}: {e}", package_so.display()))?;
     let text = |p: &Path| {
@@ -146,7 +149,7 @@ pub fn open_bound(shim_path: &Path, package_so: &Path) -> Result<Library, String
             .map(str::to_owned)
             .ok_or_else(|| format!("{} is not UTF-8", p.display()))
     };
-    let bytes = stub_elf(&[&text(shim_path)?, &text(&package)?])?;
+    let bytes = stub_elf(&[&text(shim_path)?, &text(cudart)?, &text(&package)?])?;
     // SAFETY: a NUL-terminated name and valid flags; the fd is owned below.
     let fd = unsafe { libc::memfd_create(c"tcg-shim-bind".as_ptr(), libc::MFD_CLOEXEC) };
     let (path, _keep): (String, Box<dyn std::any::Any>) = if fd >= 0 {

@@ -102,8 +102,9 @@ pub struct Torch {
     // The shim's link-map namespace, where its graphs' `.so`s are opened.
     namespace: Option<libc::Lmid_t>,
     // The CUDA shim, in the base namespace: the path it was opened from,
-    // which its graphs' binding stubs name (`crate::shim_bind`).
-    bound_shim: Option<PathBuf>,
+    // which its graphs' binding stubs name (`crate::shim_bind`), and the
+    // CUDA runtime they name beside it (`crate::cudart`).
+    bound_shim: Option<(PathBuf, PathBuf)>,
     _libraries: Vec<Library>,
 }
 
@@ -255,6 +256,7 @@ impl Torch {
         if let Some(shim) = loaded.as_ref() {
             return Ok(Arc::clone(shim));
         }
+        let cudart = crate::cudart::locate().map_err(|m| Error::new(Code::RunDeviceMismatch, m))?;
         let (path, handle) = crate::shim_runtime::open_embedded_base()?;
         // SAFETY: a handle from dlopen, owned from here on by the Library
         // (never closed: the value lives in a static).
@@ -266,7 +268,7 @@ impl Torch {
             dtypes,
             runtime: Runtime::ShimV1,
             namespace: None,
-            bound_shim: Some(path),
+            bound_shim: Some((path, cudart)),
             _libraries: vec![library],
         });
         *loaded = Some(Arc::clone(&torch));
@@ -291,8 +293,8 @@ impl Torch {
     /// shim's namespace, where every import resolves to the shim or a system
     /// library (and `RTLD_NOW` makes a missing one a load-time refusal).
     pub(crate) fn open_model(&self, path: &Path) -> std::result::Result<Library, String> {
-        if let Some(shim) = &self.bound_shim {
-            return crate::shim_bind::open_bound(shim, path);
+        if let Some((shim, cudart)) = &self.bound_shim {
+            return crate::shim_bind::open_bound(shim, cudart, path);
         }
         let Some(namespace) = self.namespace else {
             // SAFETY: the .so comes from the package of a verified, admitted

@@ -5,10 +5,13 @@
 //! exporting the same `aoti_torch_*` name: the package must bind to the shim
 //! anyway, and the global scope must never see the shim. Needs a C compiler
 //! (`cc`); no GPU and no driver (the shim loads without one). Its own test
-//! binary: it loads a library globally.
+//! binary: it loads a library globally. A stand-in CUDA runtime
+//! (`libcudart.so.13` exporting `cudaFree`) is named through
+//! `TORCH_COMPILED_GRAPHS_CUDART`, as an operator would name the real one.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
 use tcg_core::Code;
@@ -32,6 +35,26 @@ fn compile(dir: &Path, name: &str, source: &str) -> std::path::PathBuf {
     so
 }
 
+/// The stand-in CUDA runtime, built once and named in the environment before
+/// any test opens the CUDA shim.
+fn fake_cudart() -> &'static Path {
+    static FAKE: OnceLock<PathBuf> = OnceLock::new();
+    FAKE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        let built = compile(
+            &dir,
+            "cudart",
+            "int cudaFree(void *p) { return p ? 1 : 42; }\n",
+        );
+        let path = dir.join("libcudart.so.13");
+        std::fs::rename(built, &path).unwrap();
+        if std::env::var_os("TCG_CHILD_NO_CUDART").is_none() {
+            std::env::set_var(tcg_run::cudart::ENV, &path);
+        }
+        path
+    })
+}
+
 fn global_symbol(name: &std::ffi::CStr) -> *mut libc::c_void {
     // SAFETY: a lookup in the global scope only.
     unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
@@ -39,6 +62,7 @@ fn global_symbol(name: &std::ffi::CStr) -> *mut libc::c_void {
 
 #[test]
 fn a_package_binds_to_the_base_namespace_shim_even_with_a_global_aoti_torch_provider() {
+    fake_cudart();
     let dir = tempfile::tempdir().unwrap();
     // What libtorch would be: a global provider of the same shim name.
     let fake = compile(
@@ -48,26 +72,34 @@ fn a_package_binds_to_the_base_namespace_shim_even_with_a_global_aoti_torch_prov
     );
     // SAFETY: a library of one function, loaded as libtorch is.
     let _fake = unsafe { Library::open(Some(&fake), RTLD_NOW | RTLD_GLOBAL) }.unwrap();
-    // What a link_libtorch=False package is: an undefined shim import.
+    // What a link_libtorch=False package is: undefined shim imports, and a
+    // CUDA runtime import without a DT_NEEDED naming libcudart.
     let package = compile(
         dir.path(),
         "package",
         "extern int aoti_torch_dtype_float32(void);\n\
          extern int aoti_torch_dtype_bfloat16(void);\n\
-         int package_dtype(void) { return aoti_torch_dtype_float32() * 100 + aoti_torch_dtype_bfloat16(); }\n",
+         extern int cudaFree(void *);\n\
+         int package_dtype(void) { return aoti_torch_dtype_float32() * 100 + aoti_torch_dtype_bfloat16(); }\n\
+         int package_free(void) { return cudaFree(0); }\n",
     );
 
     let shim = Torch::open_shim_cuda().unwrap();
     assert_eq!(shim.runtime(), Runtime::ShimV1);
     assert!(shim.provides("aoti_torch_create_cuda_stream_guard"));
     assert!(shim.provides("tcg_shim_set_current_cuda_stream"));
-    let lib = tcg_run::shim_bind::open_bound(shim.dir(), &package).unwrap();
+    let lib = tcg_run::shim_bind::open_bound(shim.dir(), fake_cudart(), &package).unwrap();
     // SAFETY: the package's function, `int(void)`.
     let f = unsafe { lib.get::<unsafe extern "C" fn() -> i32>(b"package_dtype") }.unwrap();
     // c10's float32 (6) and bfloat16 (15) from the shim; 999 would be the
     // global provider's.
     // SAFETY: calls into the package, which calls the shim.
     assert_eq!(unsafe { f() }, 615);
+    // The CUDA runtime import binds to the runtime the stub names.
+    // SAFETY: the package's function, `int(void)`.
+    let free = unsafe { lib.get::<unsafe extern "C" fn() -> i32>(b"package_free") }.unwrap();
+    // SAFETY: calls into the package, which calls the stand-in runtime.
+    assert_eq!(unsafe { free() }, 42);
 
     // The other direction: the global scope still answers with the
     // provider, and never sees the shim's own symbols.
@@ -87,6 +119,7 @@ fn a_package_binds_to_the_base_namespace_shim_even_with_a_global_aoti_torch_prov
 
 #[test]
 fn the_cuda_shim_loads_without_a_driver_and_cuda_is_then_a_typed_refusal() {
+    fake_cudart();
     let shim = Torch::open_shim_cuda().unwrap();
     let has_driver =
         // SAFETY: only whether the driver library can be opened is asked.
@@ -102,4 +135,34 @@ fn the_cuda_shim_loads_without_a_driver_and_cuda_is_then_a_typed_refusal() {
     let err = shim.cuda().unwrap_err();
     assert_eq!(err.code(), Code::RunDeviceMismatch);
     assert!(err.message().contains("libcuda.so.1"), "{}", err.message());
+}
+
+#[test]
+fn a_missing_cuda_runtime_is_a_typed_refusal_that_says_where_to_name_one() {
+    const NAME: &str = "a_missing_cuda_runtime_is_a_typed_refusal_that_says_where_to_name_one";
+    if std::env::var_os("TCG_CHILD_NO_CUDART").is_some() {
+        // The child: the variable names a file that does not exist.
+        let err = Torch::open_shim_cuda().unwrap_err();
+        assert_eq!(err.code(), Code::RunDeviceMismatch);
+        assert!(
+            err.message().contains(tcg_run::cudart::ENV)
+                && err.message().contains("libcudart.so.13"),
+            "{}",
+            err.message()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--test-threads=1"])
+        .env("TCG_CHILD_NO_CUDART", "1")
+        .env(tcg_run::cudart::ENV, dir.path().join("libcudart.so.13"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
