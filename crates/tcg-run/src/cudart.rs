@@ -141,11 +141,16 @@ fn search() -> Result<PathBuf, String> {
     ))
 }
 
-/// The CUDA runtime library for graphs on the shim runtime, looked for once
-/// per process (module docs).
+/// The CUDA runtime library for graphs on the shim runtime (module docs):
+/// once found it is kept for the process; not found is looked for again at
+/// the next load (a library loaded since then is found).
 pub fn locate() -> Result<PathBuf, String> {
-    static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    FOUND.get_or_init(search).clone()
+    static FOUND: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(path) = FOUND.get() {
+        return Ok(path.clone());
+    }
+    let path = search()?;
+    Ok(FOUND.get_or_init(|| path).clone())
 }
 
 #[cfg(test)]
