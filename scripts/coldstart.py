@@ -110,13 +110,20 @@ with torch.device("meta"):
 model = model.to_empty(device=device).to(dtype).eval()
 gen = torch.Generator(device=device).manual_seed(0)
 with torch.no_grad():
+    # A trained transformer's residual scale (GPT-2's init: the projections into the
+    # residual stream scaled by 1/sqrt(2 * blocks)), so that the bf16 stack stays within
+    # the mint's parity tolerance: with N(0, 0.02) everywhere the stream grows block by
+    # block and bf16 rounding alone (eager against any compiled graph) exceeded it.
     for name, p in model.named_parameters():
         if name.endswith("norm1.weight") or name.endswith("norm2.weight"):
             p.fill_(1.0)
         elif name.endswith("bias"):
             p.zero_()
         else:
-            p.normal_(0.0, 0.02, generator=gen)
+            std = 0.5 / p.shape[-1] ** 0.5
+            if name.endswith("proj.weight") or name.endswith("fc2.weight"):
+                std /= (2 * blocks) ** 0.5
+            p.normal_(0.0, std, generator=gen)
     x = torch.randn(1, seq, dim, device=device, dtype=dtype, generator=gen)
     y = model(x)
 t = time.perf_counter()

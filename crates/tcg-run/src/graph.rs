@@ -366,10 +366,7 @@ impl Graph {
         let cxx = match (api.update_pairs, api.update_map) {
             (Some(_), _) => None,
             (None, Some(_)) if torch.runtime() == Runtime::ShimV1 => {
-                return Err(Error::new(
-                    Code::RunNativeUnsupported,
-                    "the graph's .so binds constants only through a std::unordered_map, which the shim runtime does not build (libtorch's C++ runtime lays it out)",
-                ))
+                Some(CxxAbi::for_shared_object(extracted.shared_object())?)
             }
             (None, Some(_)) => Some(CxxAbi::open(torch.dir())?),
             (None, None) => return Err(invalid(
@@ -657,13 +654,11 @@ impl Graph {
                 "the graph's .so has no UpdateConstantBuffer".into(),
             ));
         }
-        if self.torch.runtime() == Runtime::ShimV1 {
-            return Err(Error::new(
-                Code::RunNativeUnsupported,
-                "the shim runtime binds constants through the C pairs API only",
-            ));
-        }
-        self.cxx = Some(CxxAbi::open(self.torch.dir())?);
+        self.cxx = Some(if self.torch.runtime() == Runtime::ShimV1 {
+            CxxAbi::for_shared_object(self._extracted.shared_object())?
+        } else {
+            CxxAbi::open(self.torch.dir())?
+        });
         Ok(())
     }
     /// The container's constants in index order.

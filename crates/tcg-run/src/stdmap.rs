@@ -13,7 +13,8 @@
 //! `std::hash<std::string>` uses, taken from the loaded `libstdc++.so.6`.
 //!
 //! Used only when torch was built with the C++11 string ABI (checked through
-//! a symbol of `libc10.so` whose mangled name spells it).
+//! a symbol of `libc10.so` whose mangled name spells it), or, on the shim
+//! runtime, when the graph's `.so` names that ABI in its dynamic symbols.
 
 use std::ffi::{c_void, CString};
 use std::path::Path;
@@ -101,6 +102,51 @@ impl CxxAbi {
         }
         // SAFETY: libtorch links libstdc++.so.6, so this returns the loaded
         // copy; `_Hash_bytes` has the C signature declared above.
+        let stdcxx = unsafe { Library::open(Some("libstdc++.so.6"), RTLD_NOW | RTLD_LOCAL) }
+            .map_err(|e| refuse(format!("libstdc++.so.6 cannot be opened: {e}")))?;
+        // SAFETY: `std::_Hash_bytes(const void*, size_t, size_t) -> size_t`.
+        let hash_bytes: Symbol<HashBytes> = unsafe { stdcxx.get(b"_ZSt11_Hash_bytesPKvmm") }
+            .map_err(|e| refuse(format!("libstdc++ lacks std::_Hash_bytes: {e}")))?;
+        Ok(CxxAbi {
+            hash_bytes: *hash_bytes,
+            _stdcxx: stdcxx,
+        })
+    }
+
+    /// For a graph on the shim runtime (no libtorch to ask): the string ABI
+    /// is read from the graph's own `.so` at `so`, which must name the C++11
+    /// strings in its dynamic symbols (every AOTInductor wrapper built with
+    /// `_GLIBCXX_USE_CXX11_ABI=1`, the only ABI of torch's wheels since 2.7,
+    /// does: its `std::string` code calls or carries `std::__cxx11`
+    /// functions), and `std::_Hash_bytes` is the system `libstdc++.so.6`'s
+    /// (the same function in every libstdc++, a copy linked into the `.so`
+    /// included).
+    pub(crate) fn for_shared_object(so: &Path) -> Result<CxxAbi> {
+        let refuse = |why: String| {
+            Error::new(
+                Code::RunNativeUnsupported,
+                format!(
+                    "the graph's .so binds constants only through a std::unordered_map, and {why}"
+                ),
+            )
+        };
+        let file = std::fs::File::open(so)
+            .map_err(|e| Error::io(format_args!("cannot open {}", so.display()), &e))?;
+        let size = file
+            .metadata()
+            .map_err(|e| Error::io(format_args!("cannot inspect {}", so.display()), &e))?
+            .len();
+        let cxx11 = tcg_core::artifact::package::shim_imports::names_cxx11_strings(
+            &mut tcg_core::artifact::package::loadable::FileRanges { file: &file, size },
+        )
+        .map_err(|e| Error::new(Code::RunPackageInvalid, e.message().to_owned()))?;
+        if !cxx11 {
+            return Err(refuse(
+                "its dynamic symbols do not show the C++11 string ABI the map is laid out in"
+                    .into(),
+            ));
+        }
+        // SAFETY: the system C++ runtime; its initialisers set up its own state.
         let stdcxx = unsafe { Library::open(Some("libstdc++.so.6"), RTLD_NOW | RTLD_LOCAL) }
             .map_err(|e| refuse(format!("libstdc++.so.6 cannot be opened: {e}")))?;
         // SAFETY: `std::_Hash_bytes(const void*, size_t, size_t) -> size_t`.

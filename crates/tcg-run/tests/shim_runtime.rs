@@ -191,11 +191,57 @@ fn a_link_libtorch_false_cpu_package_runs_on_the_shim_without_libtorch() {
             }
         }
     }
+    // torch 2.11's runtime binds constants only through a std::unordered_map,
+    // which the shim runtime lays out itself: forced here, the same graph
+    // binds and runs the same through it.
+    let checkpoint =
+        Checkpoint::open(&[work.path().join("w.safetensors")], &Naming::default()).unwrap();
+    let (mut mapped, _) = Graph::load_request(LoadRequest {
+        torch_lib: Path::new("/nonexistent/torch/lib"),
+        package: &package,
+        entry: "model",
+        device: "cpu",
+        sm: "cpu",
+        contract: WeightsContract::from_rows(&[ConstantRow {
+            fqn: "w".into(),
+            source: ConstantSource::StateDict,
+            dtype: "float32".into(),
+            shape: vec![16],
+        }]),
+        rows: vec![ConstantRow {
+            fqn: "w".into(),
+            source: ConstantSource::StateDict,
+            dtype: "float32".into(),
+            shape: vec![16],
+        }],
+        weights: WeightsSource::Files(&checkpoint),
+        literals: None,
+        runtime: choice.clone(),
+    })
+    .unwrap();
+    mapped.bind_through_std_map().unwrap();
+    mapped
+        .bind(&work.path().join("w.safetensors"), None)
+        .unwrap();
+    let input = Input {
+        data: x.as_ptr() as usize,
+        nbytes: x.len(),
+        dtype: "float32".into(),
+        shape: vec![4, 16],
+        device: Device::Cpu,
+    };
+    // SAFETY: `x` is a live float32 buffer of 4x16 for both calls.
+    let (a, b) = unsafe { (graph.run(&[input.clone()]), mapped.run(&[input])) };
+    let (a, b) = (a.unwrap(), b.unwrap());
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(a.to_host().unwrap(), b.to_host().unwrap(), "output {i}");
+    }
     let maps = maps();
     assert!(
         !tcg_run::runtime::maps_have_libtorch(&maps),
         "libtorch is mapped:\n{maps}"
     );
     assert!(maps.contains("libtcg_shim.so"), "the shim is not mapped");
+    drop(mapped);
     drop(graph);
 }

@@ -197,11 +197,20 @@ fn version_files(verneed: &[u8], strings: &[u8], count: u32) -> Result<Vec<(u16,
     Ok(out)
 }
 
-/// The imports of the shared object `src` ([`ShimImports`]): its undefined
-/// global and weak `.dynsym` symbols, split as the module says. An object
-/// without a dynamic symbol table imports nothing. The object's header and
-/// section table are checked as [`super::elf::parse_elf`] checks them.
-pub fn dynamic_imports(src: &mut dyn Ranges) -> Result<ShimImports> {
+/// The dynamic symbol table of an object, read and checked: the symbols,
+/// their strings, `.gnu.version` (empty when absent) and the files its
+/// version requirements name.
+struct DynamicTables {
+    symbols: Vec<u8>,
+    strings: Vec<u8>,
+    versions: Vec<u8>,
+    files: Vec<(u16, String)>,
+}
+
+/// Read `src`'s dynamic symbol table (`None`: it has none). The object's
+/// header and section table are checked as [`super::elf::parse_elf`] checks
+/// them.
+fn dynamic_tables(src: &mut dyn Ranges) -> Result<Option<DynamicTables>> {
     let size = src.size();
     let head = src.gather(&[(0, SIZEOF_EHDR as u64)])?.remove(0);
     let h = parse_header(&head, size)?;
@@ -215,7 +224,7 @@ pub fn dynamic_imports(src: &mut dyn Ranges) -> Result<ShimImports> {
         Ok(first)
     };
     let Some(dynsym) = only(SHT_DYNSYM, "dynamic symbol table")? else {
-        return Ok(ShimImports::default());
+        return Ok(None);
     };
     let versym = only(SHT_GNU_VERSYM, ".gnu.version")?;
     let verneed = only(SHT_GNU_VERNEED, ".gnu.version_r")?;
@@ -268,9 +277,7 @@ pub fn dynamic_imports(src: &mut dyn Ranges) -> Result<ShimImports> {
         }
     }
     let ranges: Vec<(u64, u64)> = wanted.iter().map(|(_, r)| *r).collect();
-    let got = src.gather(&ranges)?;
-    let (symbols, strings) = (&got[0], &got[1]);
-    let versions: &[u8] = versym.map_or(&[], |_| &got[2]);
+    let mut got = src.gather(&ranges)?;
     let files = match verneed {
         Some(v) => {
             let n = got.len();
@@ -278,6 +285,50 @@ pub fn dynamic_imports(src: &mut dyn Ranges) -> Result<ShimImports> {
         }
         None => Vec::new(),
     };
+    got.truncate(if versym.is_some() { 3 } else { 2 });
+    let versions = if versym.is_some() {
+        got.pop().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let strings = got.pop().unwrap_or_default();
+    let symbols = got.pop().unwrap_or_default();
+    Ok(Some(DynamicTables {
+        symbols,
+        strings,
+        versions,
+        files,
+    }))
+}
+
+/// Whether the shared object `src` names the C++11 string ABI in its dynamic
+/// symbols (a defined or undefined name mentioning `std::__cxx11`): code
+/// that passes `std::string`s built with `_GLIBCXX_USE_CXX11_ABI=1`, the
+/// layout [`crate`]'s users lay a `std::unordered_map<std::string, …>` out in.
+/// An object without a dynamic symbol table names nothing.
+pub fn names_cxx11_strings(src: &mut dyn Ranges) -> Result<bool> {
+    let Some(t) = dynamic_tables(src)? else {
+        return Ok(false);
+    };
+    for entry in t.symbols.chunks_exact(SIZEOF_SYM) {
+        let sym: Sym = read(entry, "symbol")?;
+        let name = string_at(&t.strings, sym.st_name as usize).unwrap_or_default();
+        if name.windows(10).any(|w| w == b"St7__cxx11") {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The imports of the shared object `src` ([`ShimImports`]): its undefined
+/// global and weak `.dynsym` symbols, split as the module says. An object
+/// without a dynamic symbol table imports nothing. The object's header and
+/// section table are checked as [`super::elf::parse_elf`] checks them.
+pub fn dynamic_imports(src: &mut dyn Ranges) -> Result<ShimImports> {
+    let Some(t) = dynamic_tables(src)? else {
+        return Ok(ShimImports::default());
+    };
+    let (symbols, strings, versions, files) = (&t.symbols, &t.strings, &t.versions[..], &t.files);
     let mut out = ShimImports::default();
     for (i, entry) in symbols.chunks_exact(SIZEOF_SYM).enumerate() {
         let sym: Sym = read(entry, "symbol")?;
