@@ -231,7 +231,12 @@ fn a_link_libtorch_false_cpu_package_runs_on_the_shim_without_libtorch() {
         device: Device::Cpu,
     };
     // SAFETY: `x` is a live float32 buffer of 4x16 for both calls.
-    let (a, b) = unsafe { (graph.run(&[input.clone()]), mapped.run(&[input])) };
+    let (a, b) = unsafe {
+        (
+            graph.run(std::slice::from_ref(&input)),
+            mapped.run(std::slice::from_ref(&input)),
+        )
+    };
     let (a, b) = (a.unwrap(), b.unwrap());
     for (i, (a, b)) in a.iter().zip(&b).enumerate() {
         assert_eq!(a.to_host().unwrap(), b.to_host().unwrap(), "output {i}");
