@@ -7,19 +7,32 @@
 //! namespace with `RTLD_LOCAL` (never in the global scope, so libtorch's own
 //! `aoti_torch_*` calls never reach it), and each graph's `.so` is opened
 //! through a *binding stub*: a tiny shared object, written here, whose only
-//! content is three `DT_NEEDED` entries, the shim (by the path it was opened
-//! from), the CUDA runtime the package's wrapper calls (`libcudart`, which
-//! the package does not name itself; [`crate::cudart`]) and the package's
-//! `.so` (by its path), opened with
+//! content is `DT_NEEDED` entries, in this order: the shim (by the path it
+//! was opened from), the process's C++ runtime (`libstdc++.so.6`,
+//! `libgcc_s.so.1`), the CUDA runtime the package's wrapper calls
+//! (`libcudart`, which the package does not name itself; [`crate::cudart`])
+//! and the package's `.so` (by its path), opened with
 //! `RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND`. With `RTLD_DEEPBIND` every object
 //! that open loads resolves its symbols in the stub's own dependency list
-//! (stub, shim, package, then their dependencies, breadth first) *before*
-//! the global scope; the package's `aoti_torch_*` imports therefore bind to
-//! the shim even when libtorch is loaded globally, while its `libcuda` and
-//! C/C++ runtime imports bind to the base namespace's single copies. Nothing
-//! in the package changes (no `DT_NEEDED` added at mint, every existing
-//! package works), and `dlsym` on the stub's handle finds the package's
-//! exports (`AOTInductorModelContainer*`) in that same list.
+//! (in that order, then their dependencies, breadth first) *before* the
+//! global scope; the package's `aoti_torch_*` imports therefore bind to the
+//! shim even when libtorch is loaded globally, while its `libcuda` and C/C++
+//! runtime imports bind to the base namespace's single copies.
+//!
+//! The C++ runtime comes before the package on purpose. A compiler that
+//! links `libstdc++` statically (some images' default `g++` does: the H200's
+//! made every package carry its own copy) leaves the package exporting that
+//! copy's symbols, while the facet ids of `std::locale` are `STB_GNU_UNIQUE`
+//! and so shared with the process's `libstdc++.so.6`, whose classic locale
+//! has already numbered them. A package resolving its C++ symbols to itself
+//! first then indexes its own locale with the other copy's numbers: the
+//! `std::regex` in AOTInductor's `parse_device_str` threw `bad_cast` or
+//! crashed inside `AOTInductorModelContainerCreateWithDevice`. Naming the
+//! process's C++ runtime first makes the package use it for everything it
+//! exports, as it does under libtorch (which puts that runtime in the global
+//! scope). Nothing in the package changes (no `DT_NEEDED` added at mint,
+//! every existing package works), and `dlsym` on the stub's handle finds the
+//! package's exports (`AOTInductorModelContainer*`) in that same list.
 
 use std::ffi::CString;
 use std::io::Write;
@@ -46,6 +59,10 @@ const MACHINE: u16 = 62;
 const MACHINE: u16 = 183;
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 const MACHINE: u16 = 0;
+
+/// The C++ runtime a package's C++ imports bind to (by soname: the copies the
+/// shim itself already loaded), ahead of any copy the package carries.
+pub const CXX_RUNTIME: [&str; 2] = ["libstdc++.so.6", "libgcc_s.so.1"];
 
 fn pad8(v: &mut Vec<u8>) {
     while v.len() % 8 != 0 {
@@ -138,7 +155,8 @@ pub fn stub_elf(needed: &[&str]) -> Result<Vec<u8>, String> {
 
 /// Opens `package_so` bound to the shim loaded from `shim_path` and to the
 /// CUDA runtime at `cudart` (module docs; [`crate::cudart`]): writes a stub
-/// needing the three to an anonymous file and opens it with
+/// needing the shim, the C++ runtime, the CUDA runtime and the package, in
+/// that order, to an anonymous file and opens it with
 /// `RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND`. The returned library is the
 /// stub's handle; `dlsym` on it finds the package's exports.
 pub fn open_bound(shim_path: &Path, cudart: &Path, package_so: &Path) -> Result<Library, String> {
@@ -149,7 +167,13 @@ pub fn open_bound(shim_path: &Path, cudart: &Path, package_so: &Path) -> Result<
             .map(str::to_owned)
             .ok_or_else(|| format!("{} is not UTF-8", p.display()))
     };
-    let bytes = stub_elf(&[&text(shim_path)?, &text(cudart)?, &text(&package)?])?;
+    let bytes = stub_elf(&[
+        &text(shim_path)?,
+        CXX_RUNTIME[0],
+        CXX_RUNTIME[1],
+        &text(cudart)?,
+        &text(&package)?,
+    ])?;
     // SAFETY: a NUL-terminated name and valid flags; the fd is owned below.
     let fd = unsafe { libc::memfd_create(c"tcg-shim-bind".as_ptr(), libc::MFD_CLOEXEC) };
     let (path, _keep): (String, Box<dyn std::any::Any>) = if fd >= 0 {

@@ -166,3 +166,95 @@ fn a_missing_cuda_runtime_is_a_typed_refusal_that_says_where_to_name_one() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// What the H200's default `g++` makes: a package carrying its own static
+/// copy of libstdc++, whose container creation parses the device string with
+/// `std::regex` (AOTInductor's `parse_device_str`). The process's own
+/// `libstdc++.so.6` has numbered the locale's facets first (as it has in any
+/// process that built a `std::locale`); the package must still work, through
+/// the process's C++ runtime, not abort or crash. Run in a child: the failure
+/// this guards against is a `bad_cast` abort or a segfault.
+#[test]
+fn a_package_carrying_its_own_static_libstdcxx_uses_the_process_cxx_runtime() {
+    const NAME: &str = "a_package_carrying_its_own_static_libstdcxx_uses_the_process_cxx_runtime";
+    if std::env::var_os("TCG_CHILD_STATIC_CXX").is_none() {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1", "--nocapture"])
+            .env("TCG_CHILD_STATIC_CXX", "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "the child ended with {:?}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    fake_cudart();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("package.cpp");
+    std::fs::write(
+        &src,
+        "#include <regex>\n#include <string>\n\
+         extern \"C\" int parse_device(const char* s) {\n\
+           std::regex re(\"(cpu|cuda)(:([0-9]+))?\");\n\
+           std::smatch m; std::string text(s);\n\
+           if (!std::regex_match(text, m, re)) return -1;\n\
+           return m[3].matched ? std::stoi(m[3].str()) : 0;\n\
+         }\n",
+    )
+    .unwrap();
+    let package = dir.path().join("libpackage.so");
+    let out = Command::new("c++")
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-static-libstdc++",
+            "-static-libgcc",
+            "-o",
+        ])
+        .arg(&package)
+        .arg(&src)
+        .output()
+        .expect("a C++ compiler (c++) is needed, as for the shim's own build");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let shim = Torch::open_shim_cuda().unwrap();
+    // The process's libstdc++ (the shim's dependency) builds its classic
+    // locale, numbering every standard facet id, as libstdc++ 13 and later
+    // do when they load and any C++ program does at its first locale.
+    // SAFETY: an already loaded library; `std::locale::locale()` and
+    // `~locale()` construct and destroy one pointer-sized value in `buf`.
+    unsafe {
+        let cxx = Library::open(
+            Some("libstdc++.so.6"),
+            RTLD_NOW | libc::RTLD_NOLOAD | libc::RTLD_LOCAL,
+        )
+        .expect("the shim loaded libstdc++.so.6");
+        let ctor = cxx
+            .get::<unsafe extern "C" fn(*mut u64)>(b"_ZNSt6localeC1Ev")
+            .unwrap();
+        let dtor = cxx
+            .get::<unsafe extern "C" fn(*mut u64)>(b"_ZNSt6localeD1Ev")
+            .unwrap();
+        let mut buf = [0u64; 4];
+        ctor(buf.as_mut_ptr());
+        dtor(buf.as_mut_ptr());
+    }
+    let lib = tcg_run::shim_bind::open_bound(shim.dir(), fake_cudart(), &package).unwrap();
+    // SAFETY: the package's `int(const char*)`.
+    let parse =
+        unsafe { lib.get::<unsafe extern "C" fn(*const libc::c_char) -> i32>(b"parse_device") }
+            .unwrap();
+    // SAFETY: a NUL-terminated string.
+    assert_eq!(unsafe { parse(c"cuda:3".as_ptr()) }, 3);
+    // SAFETY: as above.
+    assert_eq!(unsafe { parse(c"cpu".as_ptr()) }, 0);
+}
