@@ -158,6 +158,42 @@ def test_a_covered_package_runs_on_the_shim_in_a_process_without_libtorch(shim_m
             _close(got, want)
 
 
+# The runtime choice for CUDA in a process without libtorch: the covered package
+# goes to the shim only where a CUDA runtime is found for it.
+CUDA_CHOICE_CHILD = r"""
+import json, os, sys
+from torch_compiled_graphs import Engine, _native
+
+root, key = sys.argv[1], sys.argv[2]
+stored = Engine(root + "/store").resolve(key, root + "/choice-graph")
+package, entry = os.fspath(stored.package_path), stored.graph_class
+report = {}
+os.environ["TORCH_COMPILED_GRAPHS_CUDART"] = os.path.join(root, "no-such-dir", "libcudart.so.13")
+report["missing"] = _native.choose_runtime(package, entry, "cuda:0", "auto")
+fake = os.path.join(root, "fake-cudart", "libcudart.so.13")
+os.makedirs(os.path.dirname(fake), exist_ok=True)
+open(fake, "wb").close()
+os.environ["TORCH_COMPILED_GRAPHS_CUDART"] = fake
+report["named"] = _native.choose_runtime(package, entry, "cuda:0", "auto")
+report["libtorch"] = _native.choose_runtime(package, entry, "cuda:0", "libtorch")
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.real_aoti
+def test_on_cuda_a_covered_package_goes_to_the_shim_where_a_cuda_runtime_is_found(
+    shim_minted: dict[str, Any],
+) -> None:
+    n = len(shim_minted["stored"].shim_imports["aoti_torch"])
+    report = _child_report(CUDA_CHOICE_CHILD, str(shim_minted["root"]), shim_minted["key"])
+    assert report["missing"] == [
+        "libtorch",
+        "no CUDA runtime (libcudart.so.N) found for the shim: see TORCH_COMPILED_GRAPHS_CUDART",
+    ]
+    assert report["named"] == ["shim-v1", f"every import ({n} aoti_torch_*) in shim set v1"]
+    assert report["libtorch"] == ["libtorch", "forced by option"]
+
+
 @pytest.mark.real_aoti
 def test_the_same_package_runs_on_libtorch_where_torch_is_loaded_and_on_the_shim_when_forced(
     shim_minted: dict[str, Any],
@@ -197,18 +233,18 @@ def test_the_reference_package_runs_on_libtorch_naming_addmm_and_a_forced_shim_i
     refused_binding("run.option_invalid", graph.load_native, REFERENCE_WEIGHTS, runtime="shim-v1")
 
 
-def test_a_cuda_device_goes_to_the_shim_only_when_forced(graph: Any) -> None:
+def test_a_cuda_device_follows_the_imports_as_the_cpu_does(graph: Any) -> None:
     from torch_compiled_graphs import _native
 
     package = os.fspath(graph.package_path)
+    # The reference package's GEMM keeps it on libtorch under auto, on CUDA as on the CPU.
     assert _native.choose_runtime(package, graph.graph_class, "cuda:0", "auto") == (
         "libtorch",
-        "shim runtime on CUDA: not yet verified on a GPU",
+        "imports outside shim set v1: aoti_torch_cpu_addmm_out",
     )
     with pytest.raises(Exception) as e:
         _native.choose_runtime(package, graph.graph_class, "cuda:0", "shim")
     assert getattr(e.value, "code", None) == "run.native_unsupported", str(e.value)
-    # Forced, the imports decide as on the CPU: the reference package's GEMM.
     assert "aoti_torch_cpu_addmm_out" in str(e.value)
 
 

@@ -489,6 +489,11 @@ def _choose_runtime(stored: StoredCompiledGraph, device: str, runtime: object, o
                 "run.native_unsupported",
             )
         return "libtorch", "bound to a weights set (weights sets run on libtorch)"
+    wanted = runtime if runtime is not None else os.environ.get("TORCH_COMPILED_GRAPHS_RUNTIME") or "auto"
+    if device.startswith("cuda") and wanted != "libtorch":
+        # Before the choice: on CUDA, `auto` picks the shim only where a CUDA runtime
+        # is found, and the wheel's is the one this process can offer.
+        _load_cuda_runtime()
     return _native.choose_runtime(os.fspath(stored.package_path), stored.graph_class, device, runtime)
 
 
@@ -556,7 +561,7 @@ class NativeGraph:
         self.runtime: str = runtime_name
         #: Why: ``"every import (N aoti_torch_*) in shim set v1"``, the first
         #: imports outside the set, ``"libtorch already loaded in this process"``,
-        #: ``"shim runtime on CUDA: not yet verified on a GPU"``, ``"forced by option"``, ...
+        #: ``"no CUDA runtime (libcudart.so.N) found for the shim: ..."``, ``"forced by option"``, ...
         self.runtime_reason: str = runtime_reason
         LOGGER.debug("load_native %s: runtime %s (%s)", stored.key, runtime_name, runtime_reason)
         if runtime_name == "libtorch":

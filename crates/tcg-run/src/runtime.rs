@@ -33,11 +33,11 @@ const NAMES_IN_REASON: usize = 3;
 /// a future set's gaps have one place, checked against the built library.
 pub const SHIM_LACKS: [&str; 0] = [];
 
-/// Why a CUDA graph stays on libtorch under `auto`: the shim's CUDA path
-/// (crates/tcg-shim: pool allocator, guards, device copies; the binding stub
-/// of [`crate::shim_bind`]) is built and tested on the host, but no GPU run
-/// has verified it yet. `shim` (option or [`RUNTIME_ENV`]) opts in.
-pub const CUDA_UNVERIFIED: &str = "shim runtime on CUDA: not yet verified on a GPU";
+/// Why a CUDA graph the shim could run stays on libtorch under `auto`: its
+/// code calls the CUDA runtime, and no `libcudart.so.N` was found for it
+/// ([`crate::cudart`]; `shim` is refused with `run.device_mismatch` instead).
+pub const NO_CUDA_RUNTIME: &str =
+    "no CUDA runtime (libcudart.so.N) found for the shim: see TORCH_COMPILED_GRAPHS_CUDART";
 
 /// A runtime that provides the C shim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -184,26 +184,20 @@ pub fn shim_misses(imports: &ShimImports) -> Vec<String> {
     missing
 }
 
-/// The rule. `option` (from `source`) first: `libtorch` is obeyed; then a
-/// CUDA device runs on libtorch under `auto` ([`CUDA_UNVERIFIED`]; `shim`
-/// goes on to the imports, as on the CPU); then the package's
-/// `imports`: anything the shim cannot run means libtorch, and `shim` is
+/// The rule, the same on the CPU and on CUDA. `option` (from `source`)
+/// first: `libtorch` is obeyed; then the package's `imports`: anything the shim cannot run means libtorch, and `shim` is
 /// refused with `run.native_unsupported` naming those functions; a package the
 /// shim runs goes to the shim, unless `libtorch_loaded` (this process has
 /// libtorch mapped already: nothing to gain, and torch's tensors are what the
 /// process works with) and the shim was not forced.
 pub fn choose_runtime(
     imports: &ShimImports,
-    device: Device,
     option: RuntimeOption,
     source: OptionSource,
     libtorch_loaded: bool,
 ) -> Result<RuntimeChoice> {
     if option == RuntimeOption::Libtorch {
         return Ok(RuntimeChoice::libtorch(forced(source)));
-    }
-    if device.is_cuda() && option == RuntimeOption::Auto {
-        return Ok(RuntimeChoice::libtorch(CUDA_UNVERIFIED));
     }
     let missing = shim_misses(imports);
     if !missing.is_empty() {
@@ -261,7 +255,8 @@ pub fn maps_have_libtorch(maps: &str) -> bool {
 
 /// [`choose_runtime`] for entry `entry` of the package at `package` on
 /// `device` (`cpu`, `cuda:N`), its imports read from the package's `.so`
-/// (tcg-core's `shim_imports`), with this process's libtorch state.
+/// (tcg-core's `shim_imports`), with this process's libtorch state. On CUDA,
+/// `auto` also needs a CUDA runtime for the shim ([`NO_CUDA_RUNTIME`]).
 pub fn choose_for_package(
     package: &Path,
     entry: &str,
@@ -272,14 +267,6 @@ pub fn choose_for_package(
     let device = Device::parse(device)?;
     if option == RuntimeOption::Libtorch {
         return Ok(RuntimeChoice::libtorch(forced(source)));
-    }
-    if device.is_cuda() && option == RuntimeOption::Auto {
-        // Decided by the device alone: the imports are not read.
-        let none = ShimImports {
-            aoti_torch: Vec::new(),
-            other: Vec::new(),
-        };
-        return choose_runtime(&none, device, option, source, libtorch_mapped());
     }
     let imports = match tcg_core::artifact::package::shim_imports(package, Some(entry)) {
         Ok(imports) => imports,
@@ -294,7 +281,15 @@ pub fn choose_for_package(
         }
         Err(e) => return Err(e),
     };
-    choose_runtime(&imports, device, option, source, libtorch_mapped())
+    let choice = choose_runtime(&imports, option, source, libtorch_mapped())?;
+    if device.is_cuda()
+        && option == RuntimeOption::Auto
+        && choice.runtime == Runtime::ShimV1
+        && crate::cudart::locate().is_err()
+    {
+        return Ok(RuntimeChoice::libtorch(NO_CUDA_RUNTIME));
+    }
+    Ok(choice)
 }
 
 #[cfg(test)]
@@ -324,26 +319,19 @@ mod tests {
 
     #[test]
     fn a_covered_cpu_package_runs_on_the_shim_in_a_process_without_libtorch() {
-        let c = choose_runtime(&covered(), Device::Cpu, AUTO.0, AUTO.1, false).unwrap();
+        let c = choose_runtime(&covered(), AUTO.0, AUTO.1, false).unwrap();
         assert_eq!(c.runtime, Runtime::ShimV1);
         assert_eq!(c.reason, "every import (4 aoti_torch_*) in shim set v1");
     }
 
     #[test]
     fn libtorch_already_loaded_keeps_a_covered_package_on_libtorch_unless_the_shim_is_forced() {
-        let c = choose_runtime(&covered(), Device::Cpu, AUTO.0, AUTO.1, true).unwrap();
+        let c = choose_runtime(&covered(), AUTO.0, AUTO.1, true).unwrap();
         assert_eq!(
             c,
             RuntimeChoice::libtorch("libtorch already loaded in this process")
         );
-        let c = choose_runtime(
-            &covered(),
-            Device::Cpu,
-            RuntimeOption::Shim,
-            OptionSource::Env,
-            true,
-        )
-        .unwrap();
+        let c = choose_runtime(&covered(), RuntimeOption::Shim, OptionSource::Env, true).unwrap();
         assert_eq!(c.runtime, Runtime::ShimV1);
         assert_eq!(c.reason, "forced by TORCH_COMPILED_GRAPHS_RUNTIME");
     }
@@ -354,7 +342,7 @@ mod tests {
             &["aoti_torch_cpu_addmm_out", "aoti_torch_empty_strided"],
             &[],
         );
-        let c = choose_runtime(&one, Device::Cpu, AUTO.0, AUTO.1, false).unwrap();
+        let c = choose_runtime(&one, AUTO.0, AUTO.1, false).unwrap();
         assert_eq!(
             c,
             RuntimeChoice::libtorch("imports outside shim set v1: aoti_torch_cpu_addmm_out")
@@ -370,7 +358,7 @@ mod tests {
                 "_ZN3c106detail14torchCheckFailEPKcS2_jS2_",
             ],
         );
-        let c = choose_runtime(&many, Device::Cpu, AUTO.0, AUTO.1, false).unwrap();
+        let c = choose_runtime(&many, AUTO.0, AUTO.1, false).unwrap();
         assert_eq!(c.runtime, Runtime::Libtorch);
         assert_eq!(
             c.reason,
@@ -388,14 +376,8 @@ mod tests {
             ],
             &[],
         );
-        let err = choose_runtime(
-            &one,
-            Device::Cpu,
-            RuntimeOption::Shim,
-            OptionSource::Option,
-            false,
-        )
-        .unwrap_err();
+        let err =
+            choose_runtime(&one, RuntimeOption::Shim, OptionSource::Option, false).unwrap_err();
         assert_eq!(err.code(), Code::RunNativeUnsupported);
         assert!(
             err.message().contains("forced by option"),
@@ -411,11 +393,14 @@ mod tests {
     }
 
     #[test]
-    fn cuda_goes_to_the_shim_only_when_asked_until_a_gpu_run_verifies_it() {
-        let c = choose_runtime(&covered(), Device::Cuda(0), AUTO.0, AUTO.1, false).unwrap();
+    fn cuda_follows_the_imports_as_the_cpu_does() {
+        let c = choose_runtime(&covered(), AUTO.0, AUTO.1, false).unwrap();
+        assert_eq!(c.runtime, Runtime::ShimV1);
+        assert!(c.reason.starts_with("every import"), "{}", c.reason);
+        let c = choose_runtime(&covered(), AUTO.0, AUTO.1, true).unwrap();
         assert_eq!(
             c,
-            RuntimeChoice::libtorch("shim runtime on CUDA: not yet verified on a GPU")
+            RuntimeChoice::libtorch("libtorch already loaded in this process")
         );
         let cuda = imports(
             &[
@@ -426,20 +411,12 @@ mod tests {
             ],
             &[],
         );
-        let c = choose_runtime(
-            &cuda,
-            Device::Cuda(1),
-            RuntimeOption::Shim,
-            OptionSource::Env,
-            true,
-        )
-        .unwrap();
+        let c = choose_runtime(&cuda, RuntimeOption::Shim, OptionSource::Env, true).unwrap();
         assert_eq!(c.runtime, Runtime::ShimV1);
         assert_eq!(c.reason, "forced by TORCH_COMPILED_GRAPHS_RUNTIME");
         // Forced, the imports still decide: a GEMM extern is refused.
         let err = choose_runtime(
             &imports(&["aoti_torch_cuda_mm_out"], &[]),
-            Device::Cuda(0),
             RuntimeOption::Shim,
             OptionSource::Option,
             false,
@@ -451,13 +428,12 @@ mod tests {
 
     #[test]
     fn forcing_libtorch_wins_over_everything() {
-        for device in [Device::Cpu, Device::Cuda(0)] {
+        for loaded in [false, true] {
             let c = choose_runtime(
                 &covered(),
-                device,
                 RuntimeOption::Libtorch,
                 OptionSource::Option,
-                false,
+                loaded,
             )
             .unwrap();
             assert_eq!(c, RuntimeChoice::libtorch("forced by option"));

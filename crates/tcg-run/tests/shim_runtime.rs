@@ -21,7 +21,8 @@ use tcg_core::artifact::weights::WeightsContract;
 use tcg_core::artifact::{unpack, ConstantRow, ConstantSource, Metadata};
 use tcg_core::Code;
 use tcg_run::runtime::{
-    choose_for_package, libtorch_mapped, OptionSource, RuntimeOption, SHIM_LACKS,
+    choose_for_package, libtorch_mapped, OptionSource, RuntimeChoice, RuntimeOption,
+    NO_CUDA_RUNTIME, SHIM_LACKS,
 };
 use tcg_run::shim_set::shim_set_v1;
 use tcg_run::weights::{Checkpoint, Naming};
@@ -128,6 +129,16 @@ fn a_link_libtorch_false_cpu_package_runs_on_the_shim_without_libtorch() {
         "{}",
         choice.reason
     );
+    // On CUDA the imports decide in the same way, and `auto` also needs a
+    // CUDA runtime for the shim: named as a file that does not exist (looked
+    // for again at every choice, never kept), the graph stays on libtorch.
+    std::env::set_var(
+        tcg_run::cudart::ENV,
+        work.path().join("no-such-dir/libcudart.so.13"),
+    );
+    let on_cuda = choose_for_package(&package, "model", "cuda:0", auto.0, auto.1);
+    std::env::remove_var(tcg_run::cudart::ENV);
+    assert_eq!(on_cuda.unwrap(), RuntimeChoice::libtorch(NO_CUDA_RUNTIME));
 
     // The weight, as the mint script made it: linspace(-1, 1, 16).
     let w: Vec<f32> = (0..16).map(|i| -1.0 + 2.0 * i as f32 / 15.0).collect();
