@@ -18,21 +18,56 @@ use tcg_core::Code;
 use tcg_run::{Runtime, Torch};
 
 fn compile(dir: &Path, name: &str, source: &str) -> std::path::PathBuf {
-    let c = dir.join(format!("{name}.c"));
+    build(dir, name, "c", source, "cc", &[])
+}
+
+/// `dir/lib{name}.so` built from `source` (a file `{name}.{ext}`) by
+/// `compiler`, with `extra` flags.
+fn build(
+    dir: &Path,
+    name: &str,
+    ext: &str,
+    source: &str,
+    compiler: &str,
+    extra: &[&str],
+) -> std::path::PathBuf {
+    let src = dir.join(format!("{name}.{ext}"));
     let so = dir.join(format!("lib{name}.so"));
-    std::fs::write(&c, source).unwrap();
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
+    std::fs::write(&src, source).unwrap();
+    let out = Command::new(compiler)
+        .args(["-shared", "-fPIC", "-O1"])
+        .args(extra)
+        .arg("-o")
         .arg(&so)
-        .arg(&c)
+        .arg(&src)
         .output()
-        .expect("a C compiler (cc) is needed to build the stand-in libraries");
+        .unwrap_or_else(|e| {
+            panic!("{compiler} is needed to build the stand-in libraries (as for the shim's own build): {e}")
+        });
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     so
+}
+
+/// Runs the test `name` alone in a child of this test binary with `env` set
+/// (the child's branch of the test checks its case) and requires it to pass.
+fn in_child(name: &str, env: &[(&str, &std::ffi::OsStr)]) {
+    let mut child = Command::new(std::env::current_exe().unwrap());
+    child.args(["--exact", name, "--test-threads=1", "--nocapture"]);
+    for (k, v) in env {
+        child.env(k, v);
+    }
+    let out = child.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "the child ended with {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The stand-in CUDA runtime, built once and named in the environment before
@@ -153,17 +188,13 @@ fn a_missing_cuda_runtime_is_a_typed_refusal_that_says_where_to_name_one() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--test-threads=1"])
-        .env("TCG_CHILD_NO_CUDART", "1")
-        .env(tcg_run::cudart::ENV, dir.path().join("libcudart.so.13"))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let missing = dir.path().join("libcudart.so.13");
+    in_child(
+        NAME,
+        &[
+            ("TCG_CHILD_NO_CUDART", "1".as_ref()),
+            (tcg_run::cudart::ENV, missing.as_os_str()),
+        ],
     );
 }
 
@@ -178,25 +209,15 @@ fn a_missing_cuda_runtime_is_a_typed_refusal_that_says_where_to_name_one() {
 fn a_package_carrying_its_own_static_libstdcxx_uses_the_process_cxx_runtime() {
     const NAME: &str = "a_package_carrying_its_own_static_libstdcxx_uses_the_process_cxx_runtime";
     if std::env::var_os("TCG_CHILD_STATIC_CXX").is_none() {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--test-threads=1", "--nocapture"])
-            .env("TCG_CHILD_STATIC_CXX", "1")
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains("1 passed"),
-            "the child ended with {:?}\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        in_child(NAME, &[("TCG_CHILD_STATIC_CXX", "1".as_ref())]);
         return;
     }
     fake_cudart();
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("package.cpp");
-    std::fs::write(
-        &src,
+    let package = build(
+        dir.path(),
+        "package",
+        "cpp",
         "#include <regex>\n#include <string>\n\
          extern \"C\" int parse_device(const char* s) {\n\
            std::regex re(\"(cpu|cuda)(:([0-9]+))?\");\n\
@@ -204,26 +225,8 @@ fn a_package_carrying_its_own_static_libstdcxx_uses_the_process_cxx_runtime() {
            if (!std::regex_match(text, m, re)) return -1;\n\
            return m[3].matched ? std::stoi(m[3].str()) : 0;\n\
          }\n",
-    )
-    .unwrap();
-    let package = dir.path().join("libpackage.so");
-    let out = Command::new("c++")
-        .args([
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-static-libstdc++",
-            "-static-libgcc",
-            "-o",
-        ])
-        .arg(&package)
-        .arg(&src)
-        .output()
-        .expect("a C++ compiler (c++) is needed, as for the shim's own build");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        "c++",
+        &["-static-libstdc++", "-static-libgcc"],
     );
 
     let shim = Torch::open_shim_cuda().unwrap();
