@@ -421,3 +421,59 @@ def test_a_gemm_without_a_variant_kernel_is_refused_as_the_variant_naming_the_op
     default_key = RuntimeCompatibility("cpu", toolchain=default_tc).key(spec.declare())
     done = engine.ensure(default_key, tmp_path / "d", target="cpu", toolchain=default_tc, recipe=lambda: spec)
     assert done.outcome is EnsureOutcome.MINTED
+
+
+# A variant mint in a machine whose inductor cache is new: the cache's check of the
+# host's vector ISAs (a probe library compiled once and remembered on disk) must come
+# out as it does for the default, or every later CPU compile there emits scalar code.
+VARIANT_MINT_CHILD = r"""
+import sys
+import torch
+from torch.export import export
+from torch_compiled_graphs import record_toolchain
+from torch_compiled_graphs.compile import compile_package
+from torch_compiled_graphs.runtime import RuntimeCompatibility
+
+class Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1, 1, 24))
+
+    def forward(self, x):
+        return torch.tanh(x * self.w) + x
+
+program = export(Scale().eval(), (torch.randn(5, 24),))
+runtime = RuntimeCompatibility("cpu", toolchain=record_toolchain("shim-v1"))
+compile_package(program, "tests/variant-isa", runtime, sys.argv[1], variant="shim-v1")
+"""
+
+ISA_CHILD = r"""
+from torch._inductor import cpu_vec_isa
+print(",".join(str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()))
+"""
+
+
+def _host_has_avx2() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return any(line.startswith("flags") and " avx2" in line for line in f)
+    except OSError:
+        return False
+
+
+@pytest.mark.real_aoti
+@pytest.mark.skipif(not _host_has_avx2(), reason="an x86-64 host with AVX2")
+def test_a_variant_mint_leaves_the_machines_vector_isa_check_as_the_default_finds_it(tmp_path: Path) -> None:
+    env = {**__import__("os").environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-cache")}
+
+    def child(code: str, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=900, check=False
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        return done.stdout.strip()
+
+    child(VARIANT_MINT_CHILD, str(tmp_path / "mint"))
+    assert (tmp_path / "mint" / "model.pt2").is_file()
+    # A later process on the same cache: the check it finds on disk is a loadable one.
+    assert "avx2" in child(ISA_CHILD).split(",")

@@ -311,6 +311,7 @@ def compile_package(
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         attention = sdpa_kernel([SDPBackend.MATH])
+    _settle_vector_isa()
     previous_env = mode.shape_env
     try:
         mode.shape_env = env
@@ -338,6 +339,22 @@ def compile_package(
         if isinstance(item, str) and not os.path.isfile(item):
             raise CompileError(f"AOTInductor result names a missing file: {item}", "compile.result_invalid")
     return _package(files, package_name, Path(workdir))
+
+
+def _settle_vector_isa() -> None:
+    """Run inductor's check of the host's vector ISAs under the default options.
+
+    The check compiles a probe library into inductor's on-disk cache (keyed by the
+    probe's code and ISA flags only) and loads it in a child; a machine remembers the
+    result through that file. Run inside a ``link_libtorch=False`` compile (the
+    ``shim-v1`` variant) it builds a probe that cannot load, so the check fails there,
+    and every later compile on the machine, of any variant, finds the same file and
+    emits scalar CPU code. Run here first, the check builds and records a loadable
+    probe, and this process keeps its answer (inductor caches it per process).
+    """
+    from torch._inductor import cpu_vec_isa
+
+    cpu_vec_isa.valid_vec_isa_list()
 
 
 def _package(files: list[Any], package_name: str, workdir: Path) -> Path:
