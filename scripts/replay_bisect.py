@@ -122,7 +122,7 @@ def run_stage(stage: str, dynamic: bool, device: str, calls: int, work: Path) ->
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    built = realmodels.build("vae-decoder", device)
+    built = realmodels._prepare(realmodels.build("vae-decoder", device), device)
     module, args = _stage_input(built, stage)
     result: dict[str, Any] = {"stage": stage, "dynamic": dynamic, "device": device}
     result["inputs"] = [[list(a.shape), str(a.dtype), list(a.stride())] for a in args if isinstance(a, torch.Tensor)]
