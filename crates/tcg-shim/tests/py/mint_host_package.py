@@ -32,6 +32,13 @@ def main(out_dir: str) -> None:
     with torch.no_grad():
         outs = model(x)
     ep = torch.export.export(model, (x,))
+    # Inductor's vector-ISA check first, under the default options: run inside the
+    # link_libtorch=False compile it leaves an unloadable probe in the machine's
+    # inductor cache, and every later CPU compile there emits scalar code (docs/keys.md,
+    # "Variants"; compile_package does the same).
+    from torch._inductor import cpu_vec_isa
+
+    cpu_vec_isa.valid_vec_isa_list()
     pkg = os.path.join(out_dir, "model.pt2")
     torch._inductor.aoti_compile_and_package(
         ep, package_path=pkg, inductor_configs={"aot_inductor.link_libtorch": False}
