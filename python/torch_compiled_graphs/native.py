@@ -480,8 +480,8 @@ def _choose_runtime(stored: StoredCompiledGraph, device: str, runtime: object, o
         raise BindingError(
             f"runtime must be one of {', '.join(map(repr, _RUNTIME_OPTIONS))}, got {runtime!r}", "run.option_invalid"
         )
+    wanted = runtime if runtime is not None else os.environ.get("TORCH_COMPILED_GRAPHS_RUNTIME") or "auto"
     if on_set:
-        wanted = runtime if runtime is not None else os.environ.get("TORCH_COMPILED_GRAPHS_RUNTIME") or "auto"
         if wanted == "shim":
             raise BindingError(
                 "the shim runtime was asked for, but a NativeWeightsSet holds its tensors on libtorch: "
@@ -489,7 +489,6 @@ def _choose_runtime(stored: StoredCompiledGraph, device: str, runtime: object, o
                 "run.native_unsupported",
             )
         return "libtorch", "bound to a weights set (weights sets run on libtorch)"
-    wanted = runtime if runtime is not None else os.environ.get("TORCH_COMPILED_GRAPHS_RUNTIME") or "auto"
     if device.startswith("cuda") and wanted != "libtorch":
         # Before the choice: on CUDA, `auto` picks the shim only where a CUDA runtime
         # is found, and the wheel's is the one this process can offer.

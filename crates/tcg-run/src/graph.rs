@@ -365,10 +365,7 @@ impl Graph {
         };
         let cxx = match (api.update_pairs, api.update_map) {
             (Some(_), _) => None,
-            (None, Some(_)) if torch.runtime() == Runtime::ShimV1 => {
-                Some(CxxAbi::for_shared_object(extracted.shared_object())?)
-            }
-            (None, Some(_)) => Some(CxxAbi::open(torch.dir())?),
+            (None, Some(_)) => Some(CxxAbi::for_graph(&torch, extracted.shared_object())?),
             (None, None) => return Err(invalid(
                 "the graph's .so exports no way to bind constants (UpdateConstantBuffer[Pairs])"
                     .into(),
@@ -654,11 +651,10 @@ impl Graph {
                 "the graph's .so has no UpdateConstantBuffer".into(),
             ));
         }
-        self.cxx = Some(if self.torch.runtime() == Runtime::ShimV1 {
-            CxxAbi::for_shared_object(self._extracted.shared_object())?
-        } else {
-            CxxAbi::open(self.torch.dir())?
-        });
+        self.cxx = Some(CxxAbi::for_graph(
+            &self.torch,
+            self._extracted.shared_object(),
+        )?);
         Ok(())
     }
     /// The container's constants in index order.

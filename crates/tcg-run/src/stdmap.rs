@@ -100,17 +100,8 @@ impl CxxAbi {
         if probe.is_err() {
             return Err(refuse("it was not built with the C++11 string ABI".into()));
         }
-        // SAFETY: libtorch links libstdc++.so.6, so this returns the loaded
-        // copy; `_Hash_bytes` has the C signature declared above.
-        let stdcxx = unsafe { Library::open(Some("libstdc++.so.6"), RTLD_NOW | RTLD_LOCAL) }
-            .map_err(|e| refuse(format!("libstdc++.so.6 cannot be opened: {e}")))?;
-        // SAFETY: `std::_Hash_bytes(const void*, size_t, size_t) -> size_t`.
-        let hash_bytes: Symbol<HashBytes> = unsafe { stdcxx.get(b"_ZSt11_Hash_bytesPKvmm") }
-            .map_err(|e| refuse(format!("libstdc++ lacks std::_Hash_bytes: {e}")))?;
-        Ok(CxxAbi {
-            hash_bytes: *hash_bytes,
-            _stdcxx: stdcxx,
-        })
+        // libtorch links libstdc++.so.6, so this is the loaded copy.
+        CxxAbi::with_system_hash(refuse)
     }
 
     /// For a graph on the shim runtime (no libtorch to ask): the string ABI
@@ -146,6 +137,12 @@ impl CxxAbi {
                     .into(),
             ));
         }
+        CxxAbi::with_system_hash(refuse)
+    }
+
+    /// `std::_Hash_bytes` of the system `libstdc++.so.6` (the process's
+    /// loaded copy where there is one); a failure is `refuse`d.
+    fn with_system_hash(refuse: impl Fn(String) -> Error) -> Result<CxxAbi> {
         // SAFETY: the system C++ runtime; its initialisers set up its own state.
         let stdcxx = unsafe { Library::open(Some("libstdc++.so.6"), RTLD_NOW | RTLD_LOCAL) }
             .map_err(|e| refuse(format!("libstdc++.so.6 cannot be opened: {e}")))?;
@@ -156,6 +153,17 @@ impl CxxAbi {
             hash_bytes: *hash_bytes,
             _stdcxx: stdcxx,
         })
+    }
+
+    /// For the graph whose `.so` is at `so` on `torch`'s runtime: libtorch's
+    /// own ABI ([`CxxAbi::open`]), or on the shim the graph's
+    /// ([`CxxAbi::for_shared_object`]).
+    pub(crate) fn for_graph(torch: &crate::Torch, so: &Path) -> Result<CxxAbi> {
+        if torch.runtime() == crate::Runtime::ShimV1 {
+            CxxAbi::for_shared_object(so)
+        } else {
+            CxxAbi::open(torch.dir())
+        }
     }
 
     /// The map of `entries` (name, tensor handle).

@@ -159,7 +159,7 @@ fn a_link_libtorch_false_cpu_package_runs_on_the_shim_without_libtorch() {
         device: "cpu",
         sm: "cpu",
         contract: WeightsContract::from_rows(&rows),
-        rows,
+        rows: rows.clone(),
         weights: WeightsSource::Files(&checkpoint),
         literals: None,
         runtime: choice.clone(),
@@ -179,16 +179,16 @@ fn a_link_libtorch_false_cpu_package_runs_on_the_shim_without_libtorch() {
     }
 
     let x = std::fs::read(work.path().join("x.bin")).unwrap();
+    let input = Input {
+        data: x.as_ptr() as usize,
+        nbytes: x.len(),
+        dtype: "float32".into(),
+        shape: vec![4, 16],
+        device: Device::Cpu,
+    };
     for _ in 0..2 {
-        let input = Input {
-            data: x.as_ptr() as usize,
-            nbytes: x.len(),
-            dtype: "float32".into(),
-            shape: vec![4, 16],
-            device: Device::Cpu,
-        };
         // SAFETY: `x` is a live float32 buffer of 4x16 for the call.
-        let outputs = unsafe { graph.run(&[input]) }.unwrap();
+        let outputs = unsafe { graph.run(std::slice::from_ref(&input)) }.unwrap();
         assert_eq!(outputs.len(), 3);
         for (i, out) in outputs.iter().enumerate() {
             let eager = f32_file(&work.path().join(format!("out{i}.bin")));
@@ -205,26 +205,14 @@ fn a_link_libtorch_false_cpu_package_runs_on_the_shim_without_libtorch() {
     // torch 2.11's runtime binds constants only through a std::unordered_map,
     // which the shim runtime lays out itself: forced here, the same graph
     // binds and runs the same through it.
-    let checkpoint =
-        Checkpoint::open(&[work.path().join("w.safetensors")], &Naming::default()).unwrap();
     let (mut mapped, _) = Graph::load_request(LoadRequest {
         torch_lib: Path::new("/nonexistent/torch/lib"),
         package: &package,
         entry: "model",
         device: "cpu",
         sm: "cpu",
-        contract: WeightsContract::from_rows(&[ConstantRow {
-            fqn: "w".into(),
-            source: ConstantSource::StateDict,
-            dtype: "float32".into(),
-            shape: vec![16],
-        }]),
-        rows: vec![ConstantRow {
-            fqn: "w".into(),
-            source: ConstantSource::StateDict,
-            dtype: "float32".into(),
-            shape: vec![16],
-        }],
+        contract: WeightsContract::from_rows(&rows),
+        rows,
         weights: WeightsSource::Files(&checkpoint),
         literals: None,
         runtime: choice.clone(),
@@ -234,13 +222,6 @@ fn a_link_libtorch_false_cpu_package_runs_on_the_shim_without_libtorch() {
     mapped
         .bind(&work.path().join("w.safetensors"), None)
         .unwrap();
-    let input = Input {
-        data: x.as_ptr() as usize,
-        nbytes: x.len(),
-        dtype: "float32".into(),
-        shape: vec![4, 16],
-        device: Device::Cpu,
-    };
     // SAFETY: `x` is a live float32 buffer of 4x16 for both calls.
     let (a, b) = unsafe {
         (
