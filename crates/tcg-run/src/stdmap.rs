@@ -240,6 +240,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_shared_object_without_the_cxx11_abi_or_not_elf_is_refused_with_a_code() {
+        let dir = tempfile::tempdir().unwrap();
+        // A real shared object that names no C++ at all (C, built by `cc`,
+        // which the shim's own build needs too).
+        let src = dir.path().join("plain.c");
+        std::fs::write(&src, "int plain(void) { return 7; }\n").unwrap();
+        let plain = dir.path().join("plain.so");
+        let out = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&plain)
+            .arg(&src)
+            .output()
+            .expect("a C compiler (cc)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = CxxAbi::for_shared_object(&plain).err().unwrap();
+        assert_eq!(err.code(), Code::RunNativeUnsupported, "{}", err.message());
+        assert!(
+            err.message().contains("C++11 string ABI"),
+            "{}",
+            err.message()
+        );
+        // Bytes that are not ELF.
+        let junk = dir.path().join("junk.so");
+        std::fs::write(&junk, b"\x7fELF not really an object").unwrap();
+        let err = CxxAbi::for_shared_object(&junk).err().unwrap();
+        assert_eq!(err.code(), Code::RunPackageInvalid, "{}", err.message());
+    }
+
+    #[test]
     fn the_layout_is_libstdcxx_s() {
         assert_eq!(std::mem::size_of::<CxxString>(), 32);
         assert_eq!(std::mem::size_of::<Node>(), 56);
