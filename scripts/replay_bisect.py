@@ -1,16 +1,16 @@
-"""Where a CUDA graph's replays depart from its uncaptured runs (issue 32's open case).
+"""Where a CUDA graph's replays depart from its uncaptured runs (issue 32).
 
-On the H200 the real-model tier's diffusers VAE decoder (``tests/realmodels.py``,
-``vae-decoder``) replays within float32 rounding of its uncaptured runs but not bit
-for bit, on libtorch and on the shim alike, while its uncaptured runs are bitwise
-stable (docs/run.md, "CUDA graphs"; docs/shim-h200.json, ``vae_replay``). This script
-cuts that decoder into its stages, mints each stage as a graph of its own (a child
-process per stage, several at once), and compares, over ``--calls`` calls of one
-input, ``load(stage)`` with CUDA graphs on against the same graph with them off: how
-many elements differ, by how much, from which call on. Each stage is minted with a
-dynamic batch (as the tier exports the decoder) and with a static one, since dynamic
-shapes change the generated launch code. The smallest stage that differs is where
-to look next.
+Written for the real-model tier's diffusers VAE decoder (``tests/realmodels.py``,
+``vae-decoder``), whose replays on the native path were not equal to its uncaptured
+runs (docs/cuda.md, "The VAE decoder's replays, found and fixed": the native path's
+output copy dropped the channels-last strides). This script cuts that decoder into its
+stages, mints each stage as a graph of its own (a child process per stage, several at
+once), and compares, over ``--calls`` calls of one input, ``load(stage)`` with CUDA
+graphs on against the same graph with them off: how many elements differ, by how
+much, from which call on. Each stage is minted with a dynamic batch (as the tier
+exports the decoder) and with a static one, since dynamic shapes change the generated
+launch code. The later stages receive channels-last activations, so they also mint
+graphs from non-row-major example inputs (docs/run.md, "Input layouts").
 
     PYTHONPATH=<site with the wheel> python3 scripts/replay_bisect.py --out OUT [--jobs 8] \\
         [--stages full,mid_block.attention,...] [--calls 12]

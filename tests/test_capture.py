@@ -344,6 +344,22 @@ def test_outputs_are_the_callers_own_by_default(
     assert torch.equal(first, plain(x_of(4, 10))) and torch.equal(second, plain(x_of(4, 11)))
 
 
+def test_a_replayed_output_keeps_the_layout_the_uncaptured_run_returns() -> None:
+    """A graph returns views as eager does (a transposed view, a slice with gaps, an
+    expanded column, a permuted reshape); the copy a replay hands back has the same
+    strides and values in new memory (clone() would compact the last three)."""
+    from torch_compiled_graphs.capture import _copy
+
+    y = torch.randn(3, 48)
+    views = [y.t(), y[:, ::2], y[:, :1].expand(-1, 5), y.view(-1, 6, 8).transpose(1, 2), y[1:, 3:], y]
+    for view in views:
+        copied = _copy(view)
+        assert copied.stride() == view.stride() and torch.equal(copied, view)
+        assert copied.untyped_storage().data_ptr() != view.untyped_storage().data_ptr()
+    empty = _copy(torch.empty(0, 4))
+    assert empty.shape == (0, 4)
+
+
 def test_static_outputs_are_the_graphs_buffers_until_its_next_call(
     graph: StoredCompiledGraph, weights: dict[str, Any], plain: Any
 ) -> None:

@@ -17,6 +17,9 @@ one load path imported by the others:
   before the run's stream;
 - CUDA-graph options: :data:`MAX_CAPTURES`, the variables :data:`ENV_CUDA_GRAPHS`
   and :data:`ENV_MAX_CAPTURES`, read by :func:`flag` and :func:`capture_count`;
+- input layouts: :func:`input_strides` reads the strides a package's graph reads
+  each input with, :func:`laid_out` lays a tensor out that way (torch's loader
+  reads an input's memory with the strides the graph was compiled for);
 - timings: :func:`log_timings`;
 - the libtorch-free variant under torch: :func:`torch_package_loader` opens a
   package with torch's loader, making libtorch's C shim global first when the
@@ -29,7 +32,7 @@ module and never import the engine back at run time (they name
 ``StoredCompiledGraph`` in annotations only, under ``TYPE_CHECKING``, and use
 what the instance they are given carries). This module imports only the
 standard library, :mod:`.errors` and :mod:`.outputs` (both torch-free), and
-the native extension lazily, inside :func:`dlpack`.
+the native extension lazily, inside :func:`dlpack` and :func:`input_strides`.
 """
 
 from __future__ import annotations
@@ -118,6 +121,49 @@ __all__ = [
 ]
 
 LOGGER = logging.getLogger("torch_compiled_graphs")
+
+
+def input_strides(package: str | os.PathLike[str]) -> list[list[int | None]] | None:
+    """The static strides the package's graph reads each input with (``None`` items
+    where the wrapper states none), or ``None`` when its wrapper states no input checks."""
+    from . import _native
+
+    return _native.package_input_strides(os.fspath(package))
+
+
+def laid_out(value: Any, strides: list[int | None] | None, name: str) -> Any:
+    """``value`` (a torch tensor) in the layout the graph reads this input with.
+
+    Compiled code reads an input with the strides of the exported example: a graph
+    minted from a channels-last image reads channels-last memory whatever it is
+    given, and one minted C-contiguous (every mint of this version) reads row-major
+    memory. A tensor already laid out so is passed as it is; otherwise a copy is made
+    in that layout: row-major when every stride the graph states is row-major,
+    exactly the graph's strides when it states them all. A graph that states some
+    strides only (symbolic ones), not row-major, and a tensor laid out otherwise is
+    refused (``run.input_layout``): its layout cannot be rebuilt from what is known."""
+    if strides is None or len(strides) != value.dim():
+        return value  # no checks stated, or a rank the call checks reject
+    shape = tuple(value.shape)
+    row_major = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        row_major[k] = row_major[k + 1] * max(shape[k + 1], 1)
+
+    def fits(have: Any) -> bool:
+        return all(s is None or n <= 1 or s == h for s, n, h in zip(strides, shape, have, strict=True))
+
+    if fits(row_major):
+        return value if value.is_contiguous() else value.contiguous()
+    if fits(value.stride()):
+        return value
+    if all(s is not None for s in strides):
+        return value.new_empty_strided(shape, [int(s) for s in strides if s is not None]).copy_(value)
+    raise BindingError(
+        f"{name} has strides {list(value.stride())}; the graph reads it with strides "
+        f"{['?' if s is None else s for s in strides]} (its exported example's layout, partly symbolic): "
+        "pass it in that layout (for a channels-last image: x.contiguous(memory_format=torch.channels_last))",
+        "run.input_layout",
+    )
 
 
 def log_timings(what: str, timings: Mapping[str, float]) -> None:

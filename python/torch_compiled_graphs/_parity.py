@@ -93,6 +93,11 @@ def run_compiled(
         raise _unavailable(f"the program has no value for the compiled graph's constants {missing}")
     bound = {fqn: constants[fqn] for fqn in wanted}
     loader.load_constants(bound, False, True)
+    from ._loadpath import input_strides, laid_out
+
+    strides = input_strides(package)
+    if strides is not None and len(strides) == len(inputs):
+        inputs = [laid_out(t, s, f"input [{i}]") for i, (t, s) in enumerate(zip(inputs, strides, strict=True))]
     outputs = loader.boxed_run(list(inputs))
     return list(outputs)
 

@@ -439,8 +439,21 @@ def _describe(key: tuple[Any, ...]) -> str:
 
 
 def _copy(value: Any) -> Any:
-    clone = getattr(value, "clone", None)
-    return clone() if clone is not None else value
+    """A copy of a static output in the layout the uncaptured run returns it in.
+
+    ``clone()`` keeps the strides of a dense tensor only: a slice with gaps or an
+    expanded (stride 0) output would come back compact, unlike the same call
+    uncaptured. The memory the output spans from its first element is copied instead
+    and viewed with the output's own sizes and strides (as the native path does)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        clone = getattr(value, "clone", None)
+        return clone() if clone is not None else value
+    if value.numel() == 0 or value.is_contiguous():
+        return value.clone()
+    span = 1 + sum((n - 1) * s for n, s in zip(value.shape, value.stride(), strict=True))
+    return value.as_strided((span,), (1,)).clone().as_strided(value.shape, value.stride())
 
 
 def plan(

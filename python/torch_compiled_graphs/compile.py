@@ -11,6 +11,7 @@ torch is imported lazily, inside functions.
 
 from __future__ import annotations
 
+import logging
 import os
 import zipfile
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,8 @@ from .variant import DEFAULT_VARIANT, SHIM_V1, VARIANTS
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
+
+LOGGER = logging.getLogger("torch_compiled_graphs")
 
 __all__ = [
     "POLICY",
@@ -208,6 +211,32 @@ def _compile_inputs(program: ExportedProgram) -> tuple[tuple[Any, ...], dict[str
     return tuple(args), dict(kwargs)
 
 
+def _row_major_inputs(mode: Any, module: Any) -> dict[Any, Any]:
+    """Make every tensor input of ``module`` (``program.module()``) row-major for the
+    compile; returns the placeholders whose value changed, with their old values.
+
+    Compiled code reads an input with the strides of the value its placeholder
+    records (inductor compiles an exported module from its placeholders' values),
+    and neither the key nor the call ingress names strides: a graph compiled from a
+    channels-last example would read channels-last memory from every caller, and the
+    native path passes C-contiguous arrays. So every input is compiled row-major (an
+    example that already is keeps the same code). Strides are compared as
+    expressions, never evaluated: no shape guard is added."""
+    import torch
+
+    saved: dict[Any, Any] = {}
+    with mode:
+        for node in module.graph.nodes:
+            value = node.meta.get("val") if node.op == "placeholder" else None
+            if not isinstance(value, torch.Tensor):
+                continue
+            row = value.clone(memory_format=torch.contiguous_format)
+            if [str(s) for s in row.stride()] != [str(s) for s in value.stride()]:
+                saved[node] = value
+                node.meta["val"] = row
+    return saved
+
+
 def _compile_context(program: ExportedProgram) -> tuple[Any, Any]:
     """The unique ``(FakeTensorMode, ShapeEnv)`` of the graph's recorded values (§11 rule 5)."""
     import torch
@@ -316,8 +345,26 @@ def compile_package(
     try:
         mode.shape_env = env
         module = program.module(check_guards=False)
-        with tracing(TracingContext(mode)), attention:
-            files = torch._inductor.aot_compile(module, args, kwargs, options=options)
+        saved = _row_major_inputs(mode, module)
+        try:
+            with tracing(TracingContext(mode)), attention:
+                files = torch._inductor.aot_compile(module, args, kwargs, options=options)
+        except Exception as exc:
+            if not saved:
+                raise
+            # A program whose ops hold only for its example's layout (a view of a
+            # permuted channels-last input): compiled for that layout, which load()
+            # then lays inputs out in (the native path refuses other memory).
+            LOGGER.debug(
+                "compile with row-major inputs failed (%s: %s); compiling for the example's layout",
+                type(exc).__name__,
+                exc,
+            )
+            for node, value in saved.items():
+                node.meta["val"] = value
+            module = program.module(check_guards=False)
+            with tracing(TracingContext(mode)), attention:
+                files = torch._inductor.aot_compile(module, args, kwargs, options=options)
     except CompileError:
         raise
     except Exception as exc:

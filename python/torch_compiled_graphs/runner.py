@@ -247,6 +247,8 @@ class LoadedGraph:
                     f"cannot load {stored.package_path} entry {stored.graph_class!r}: {exc}", "run.package_invalid"
                 ) from exc
         self.timings["create_container"] = time.perf_counter() - started
+        #: The strides the graph reads each input with (from its wrapper's checks).
+        self._input_strides = _loadpath.input_strides(stored.package_path)
         needed = set(self._loader.get_constant_fqns())
         if needed != set(self._rows):
             raise BindingError(
@@ -507,6 +509,7 @@ class LoadedGraph:
         import torch
 
         placed = []
+        strides = self._input_strides
         for position, value in enumerate(flat):
             if not isinstance(value, torch.Tensor):
                 continue
@@ -520,6 +523,10 @@ class LoadedGraph:
                         f"move it with .to({str(self.device)!r})",
                         "run.call_invalid",
                     )
+            if strides is not None and len(placed) < len(strides):
+                # The memory layout the compiled code reads (a channels-last image
+                # given to a graph minted row-major is copied row-major first).
+                value = _loadpath.laid_out(value, strides[len(placed)], self._input_name(position))
             placed.append(value)
         return placed
 

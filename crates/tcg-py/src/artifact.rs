@@ -25,6 +25,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(package_own_cxx_runtime, m)?)?;
     m.add_function(wrap_pyfunction!(package_mint_record, m)?)?;
     m.add_function(wrap_pyfunction!(package_native_calls, m)?)?;
+    m.add_function(wrap_pyfunction!(package_input_strides, m)?)?;
     m.add_function(wrap_pyfunction!(package_shim_imports, m)?)?;
     m.add_function(wrap_pyfunction!(shim_set_v1_missing, m)?)?;
     m.add("SHIM_SET_V1", tcg_run::shim_set::SHIM_SET_V1)?;
@@ -272,6 +273,23 @@ fn package_native_calls(py: Python<'_>, package: PathBuf) -> PyResult<Bound<'_, 
         .detach(|| artifact::package::package_native_calls(&package))
         .py()?;
     from_value(py, &artifact::package::native_calls::calls_value(&calls))
+}
+
+/// The static strides (in elements) the package's wrapper checks for each
+/// input, one list per input and one item per dimension (`None` where the
+/// stride is symbolic); `None` when the wrapper states no input checks.
+#[pyfunction]
+fn package_input_strides(
+    py: Python<'_>,
+    package: PathBuf,
+) -> PyResult<Option<Vec<Vec<Option<i64>>>>> {
+    let facts = py
+        .detach(|| {
+            let text = artifact::package::package_wrapper_text(&package)?;
+            tcg_run::inputs::input_facts(&text)
+        })
+        .py()?;
+    Ok(facts.map(|f| f.into_iter().map(|f| f.strides).collect()))
 }
 
 /// What the entry's `.so` imports, read from its dynamic symbol table now:

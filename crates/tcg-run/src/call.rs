@@ -327,5 +327,17 @@ fn check_fact(i: usize, input: &Input, fact: &InputFact) -> Result<()> {
             )));
         }
     }
+    // Inputs here are C-contiguous memory; a graph that reads another layout
+    // would compute from misplaced elements.
+    if let Some(why) = fact.layout_mismatch(&input.shape) {
+        return Err(Error::new(
+            Code::RunInputLayout,
+            format!(
+                "input {i}: {why}; the native path passes C-contiguous inputs: run this graph \
+                 through load(), which lays each input out as the graph reads it (graphs \
+                 minted by torch-compiled-graphs 0.3 read every input C-contiguous)"
+            ),
+        ));
+    }
     Ok(())
 }

@@ -725,12 +725,24 @@ impl Graph {
         Ok(outs)
     }
 
-    /// New tensors, allocated on `caller`, shaped as `entry`'s outputs.
+    /// New tensors, allocated on `caller`, shaped and laid out as `entry`'s
+    /// outputs: a graph returns an output with the strides of the exported
+    /// program's (a channels-last activation, a transposed view), and a copy
+    /// of its memory is that output only under the same strides.
     fn fresh_outputs(&self, entry: &Entry, caller: usize) -> Result<Vec<OwnedTensor>> {
         entry
             .outputs
             .iter()
-            .map(|o| OwnedTensor::empty(&self.torch, o.sizes(), o.dtype(), self.device, caller))
+            .map(|o| {
+                OwnedTensor::empty_strided(
+                    &self.torch,
+                    o.sizes(),
+                    o.strides(),
+                    o.dtype(),
+                    self.device,
+                    caller,
+                )
+            })
             .collect()
     }
 
@@ -897,7 +909,8 @@ fn static_outputs(
 /// Copy `entry`'s static outputs into `outs` on `stream`.
 ///
 /// # Safety
-/// `outs` match `entry.outputs` one for one in shape and dtype, on its device.
+/// `outs` match `entry.outputs` one for one in shape, strides and dtype, on
+/// its device ([`Graph::fresh_outputs`]).
 unsafe fn copy_outputs(
     cuda: &Cuda,
     api: &GraphApi,
@@ -906,14 +919,18 @@ unsafe fn copy_outputs(
     stream: usize,
 ) -> Result<()> {
     for (src, dst) in entry.outputs.iter().zip(outs) {
-        // SAFETY: same shape and dtype (the caller's contract), same device.
+        // The memory the output's elements span, layout and all: `dst` has
+        // the same strides, so each element lands where `dst` reads it.
+        debug_assert_eq!(src.strides(), dst.strides());
+        // SAFETY: same shape, strides and dtype (the caller's contract), so
+        // both span the same bytes from their first element; same device.
         unsafe {
             copy(
                 cuda,
                 api,
                 dst.data_ptr(),
                 src.data_ptr(),
-                src.nbytes(),
+                src.span_bytes(),
                 stream,
             )
         }?;

@@ -39,6 +39,34 @@ pub struct InputFact {
     pub dtype: String,
     /// One entry per dimension.
     pub dims: Vec<Dim>,
+    /// One entry per dimension: the static stride (in elements) the wrapper
+    /// checks, `None` where it checks none (a symbolic stride).
+    pub strides: Vec<Option<i64>>,
+}
+
+impl InputFact {
+    /// Why a C-contiguous input of `shape` is not laid out as the graph was
+    /// compiled to read it (a static stride other than the row-major one on a
+    /// dimension longer than 1), or `None` when it is. A graph minted from a
+    /// non-contiguous example input (a channels-last image) reads its input
+    /// with that example's strides; given row-major memory it would compute
+    /// from misplaced elements.
+    pub fn layout_mismatch(&self, shape: &[i64]) -> Option<String> {
+        let want = crate::torch::contiguous_strides(shape);
+        let off: Vec<usize> = (0..shape.len().min(self.strides.len()))
+            .filter(|&k| shape[k] > 1 && self.strides[k].is_some_and(|s| s != want[k]))
+            .collect();
+        if off.is_empty() {
+            return None;
+        }
+        let show = |v: Option<i64>| v.map_or_else(|| "?".to_owned(), |s| s.to_string());
+        let compiled: Vec<String> = self.strides.iter().map(|&s| show(s)).collect();
+        Some(format!(
+            "the graph was compiled to read it with strides [{}] (its exported example's layout), \
+             a C-contiguous input of shape {shape:?} has strides {want:?}",
+            compiled.join(", ")
+        ))
+    }
 }
 
 fn unsupported(message: String) -> Error {
@@ -78,6 +106,7 @@ fn parse_function(index: usize, body: &str) -> Result<InputFact> {
         })
         .ok_or_else(|| unsupported(format!("the wrapper's check_input_{index} states no dtype")))?;
     let mut sizes: Vec<(usize, Dim)> = Vec::new();
+    let mut strides: Vec<(usize, i64)> = Vec::new();
     let mut rank = 0usize;
     for piece in body.split("if (").skip(1) {
         let Some((condition, _)) = piece.split_once(')') else {
@@ -93,6 +122,8 @@ fn parse_function(index: usize, body: &str) -> Result<InputFact> {
                 rank = rank.max(k + 1);
                 if kind == "size" {
                     sizes.push((k, Dim::Static(value)));
+                } else {
+                    strides.push((k, value));
                 }
             }
             (Some(("size", k)), "<" | ">", None) => {
@@ -116,9 +147,14 @@ fn parse_function(index: usize, body: &str) -> Result<InputFact> {
             (Dim::Range(lo, hi), Dim::Range(lo2, hi2)) => Dim::Range(lo.or(lo2), hi.or(hi2)),
         };
     }
+    let mut stride_of = vec![None; rank];
+    for (k, value) in strides {
+        stride_of[k].get_or_insert(value);
+    }
     Ok(InputFact {
         dtype: dtype.to_owned(),
         dims,
+        strides: stride_of,
     })
 }
 
@@ -199,6 +235,7 @@ mod tests {
                 InputFact {
                     dtype: "float32".into(),
                     dims: vec![Dim::Static(4), Dim::Static(16)],
+                    strides: vec![Some(16), Some(1)],
                 },
                 InputFact {
                     dtype: "int64".into(),
@@ -207,6 +244,7 @@ mod tests {
                         Dim::Static(32),
                         Dim::Range(None, None)
                     ],
+                    strides: vec![None, None, Some(1)],
                 },
             ]
         );
@@ -232,6 +270,26 @@ mod tests {
             "work {w2} for {} bytes",
             big.len()
         );
+    }
+
+    #[test]
+    fn a_channels_last_input_is_a_layout_a_row_major_buffer_does_not_have() {
+        // What AOTInductor checks for a [2, 8, 16, 16] input exported channels-last.
+        let text = "static void check_input_0(\n) {\n int32_t x_expected_dtype = aoti_torch_dtype_float32();\n if (2 != x_size[0]) {}\n if (8 != x_size[1]) {}\n if (16 != x_size[2]) {}\n if (16 != x_size[3]) {}\n if (2048 != x_stride[0]) {}\n if (1 != x_stride[1]) {}\n if (128 != x_stride[2]) {}\n if (8 != x_stride[3]) {}\n}\n";
+        let fact = &input_facts(text).unwrap().unwrap()[0];
+        assert_eq!(fact.strides, vec![Some(2048), Some(1), Some(128), Some(8)]);
+        let why = fact.layout_mismatch(&[2, 8, 16, 16]).unwrap();
+        assert!(why.contains("[2048, 1, 128, 8]"), "{why}");
+        // Row-major checks, or strides on dimensions of size 1 (never
+        // stepped), or strides the wrapper does not state, fit any buffer.
+        let (facts, _) = input_facts_counted(STATIC);
+        let facts = facts.unwrap().unwrap();
+        assert_eq!(facts[0].layout_mismatch(&[4, 16]), None);
+        assert_eq!(facts[1].layout_mismatch(&[3, 32, 5]), None);
+        let one = "static void check_input_0(\n) {\n int32_t x_expected_dtype = aoti_torch_dtype_float32();\n if (7 != x_stride[0]) {}\n if (1 != x_stride[1]) {}\n}\n";
+        let fact = &input_facts(one).unwrap().unwrap()[0];
+        assert_eq!(fact.layout_mismatch(&[1, 5]), None);
+        assert!(fact.layout_mismatch(&[2, 5]).is_some());
     }
 
     #[test]

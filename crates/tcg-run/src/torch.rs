@@ -436,6 +436,22 @@ pub fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
     strides
 }
 
+/// The bytes a view of `sizes` and `strides` (in elements, none negative)
+/// spans from its first element to one past its farthest one: the element
+/// count of a C-contiguous view, fewer where strides overlap (an expanded
+/// dimension), more where they leave gaps (a slice), 0 for an empty view.
+pub fn span_bytes(sizes: &[i64], strides: &[i64], elem: usize) -> usize {
+    if sizes.contains(&0) {
+        return 0;
+    }
+    let last = sizes.iter().zip(strides).fold(0usize, |far, (&n, &s)| {
+        let step = usize::try_from(s.max(0)).unwrap_or(0);
+        let count = usize::try_from(n.max(1) - 1).unwrap_or(0);
+        far.saturating_add(step.saturating_mul(count))
+    });
+    last.saturating_add(1).saturating_mul(elem)
+}
+
 /// A tensor handle this crate created over memory it does not own (a
 /// weight in a mapped file, a caller's input buffer). Deleting it frees the
 /// handle only, never the memory.
@@ -667,13 +683,31 @@ impl OwnedTensor {
         device: Device,
         stream: usize,
     ) -> Result<OwnedTensor> {
-        if shape.len() > 64 || shape.iter().any(|&d| d < 0) {
+        let strides = contiguous_strides(shape);
+        OwnedTensor::empty_strided(torch, shape, &strides, dtype, device, stream)
+    }
+
+    /// A new, uninitialised tensor of `shape` laid out with `strides` (in
+    /// elements, none negative) on `device`: its memory holds
+    /// [`span_bytes`] bytes from its first element.
+    pub fn empty_strided(
+        torch: &Arc<Torch>,
+        shape: &[i64],
+        strides: &[i64],
+        dtype: Dtype,
+        device: Device,
+        stream: usize,
+    ) -> Result<OwnedTensor> {
+        if shape.len() > 64
+            || shape.iter().any(|&d| d < 0)
+            || strides.len() != shape.len()
+            || strides.iter().any(|&s| s < 0)
+        {
             return Err(Error::new(
                 Code::RunInputMismatch,
-                format!("{shape:?} is not a tensor shape"),
+                format!("{shape:?} with strides {strides:?} is not a tensor layout"),
             ));
         }
-        let strides = contiguous_strides(shape);
         let (device_type, device_index) = torch.device_code(device);
         let _guard = match device {
             Device::Cuda(i) => Some(torch.cuda()?.stream_guard(stream, i)?),
@@ -835,6 +869,11 @@ impl OwnedTensor {
     pub fn stream(&self) -> usize {
         self.stream
     }
+    /// The bytes its elements span in memory from the first one (as
+    /// [`span_bytes`]): what a copy of its memory, layout kept, moves.
+    pub fn span_bytes(&self) -> usize {
+        span_bytes(&self.sizes, &self.strides, self.dtype.size)
+    }
     /// The number of elements times the element size.
     pub fn nbytes(&self) -> usize {
         self.sizes
@@ -851,5 +890,30 @@ impl Drop for OwnedTensor {
     fn drop(&mut self) {
         // SAFETY: this value owns `handle` (see `from_raw`) and deletes it once.
         unsafe { (self.torch.shim().delete)(self.handle) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{contiguous_strides, span_bytes};
+
+    #[test]
+    fn span_of_views() {
+        // C-contiguous: every element once.
+        assert_eq!(
+            span_bytes(&[3, 48], &contiguous_strides(&[3, 48]), 4),
+            3 * 48 * 4
+        );
+        // Transposed: the same memory, another order.
+        assert_eq!(span_bytes(&[48, 3], &[1, 48], 4), 3 * 48 * 4);
+        // A slice with gaps spans past its element count.
+        assert_eq!(span_bytes(&[3, 24], &[48, 2], 4), (2 * 48 + 23 * 2 + 1) * 4);
+        // An expanded column (stride 0) spans less than it holds.
+        assert_eq!(span_bytes(&[3, 5], &[48, 0], 2), (2 * 48 + 1) * 2);
+        // Size-1 dimensions are never stepped, whatever their stride.
+        assert_eq!(span_bytes(&[1, 24], &[48, 2], 4), (23 * 2 + 1) * 4);
+        // Empty tensors span nothing; a scalar spans one element.
+        assert_eq!(span_bytes(&[0, 4], &[4, 1], 4), 0);
+        assert_eq!(span_bytes(&[], &[], 8), 8);
     }
 }

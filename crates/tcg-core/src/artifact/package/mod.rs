@@ -495,14 +495,25 @@ pub fn entry_native_calls(
 pub fn package_native_calls(path: &Path) -> Result<Vec<UnsupportedCall>> {
     let mut pkg = Package::open(path)?;
     let members = pkg.entry_members(None)?;
-    let bytes = pkg.read_bounded(&members.wrapper, MAX_WRAPPER_BYTES)?;
-    let text = std::str::from_utf8(&bytes).map_err(|_| {
+    let text = entry_wrapper_text(&mut pkg, &members.wrapper)?;
+    Ok(entry_native_calls(&mut pkg, &members, &text))
+}
+
+/// The wrapper source of the only entry of the package at `path` (bounded).
+pub fn package_wrapper_text(path: &Path) -> Result<String> {
+    let mut pkg = Package::open(path)?;
+    let members = pkg.entry_members(None)?;
+    entry_wrapper_text(&mut pkg, &members.wrapper)
+}
+
+fn entry_wrapper_text(pkg: &mut Package, wrapper: &str) -> Result<String> {
+    let bytes = pkg.read_bounded(wrapper, MAX_WRAPPER_BYTES)?;
+    String::from_utf8(bytes).map_err(|_| {
         Error::new(
             Code::ArtifactWrapperParse,
-            format!("{PACKAGE_PREFIX}: {} is not UTF-8", members.wrapper),
+            format!("{PACKAGE_PREFIX}: {wrapper} is not UTF-8"),
         )
-    })?;
-    Ok(entry_native_calls(&mut pkg, &members, text))
+    })
 }
 
 /// The constant table of a package with exactly one entry, as manifest rows
