@@ -508,7 +508,7 @@ class LoadedGraph:
         (``run.call_invalid``) before the run."""
         import torch
 
-        placed = []
+        placed: list[Any] = []
         strides = self._input_strides
         for position, value in enumerate(flat):
             if not isinstance(value, torch.Tensor):
