@@ -55,6 +55,7 @@ __all__ = [
     "package_constant_table",
     "package_mint_record",
     "package_native_calls",
+    "package_input_strides",
     "package_own_cxx_runtime",
     "package_plan_binding",
     "package_shim_imports",
