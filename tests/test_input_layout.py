@@ -109,3 +109,55 @@ def test_laid_out_copies_into_the_graphs_layout_or_passes_what_already_is() -> N
     # No checks stated, or another rank (the call checks refuse it): passed as it is.
     assert laid_out(last, None, "input 'x'") is last
     assert laid_out(last, [1, 2], "input 'x'") is last
+
+
+@pytest.mark.real_aoti
+def test_a_program_that_fails_to_compile_row_major_is_compiled_for_its_examples_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the row-major compile fails (inductor raising on an op that holds only for the
+    example's layout; provoked here, since inductor lowers even a ``view`` of a permuted
+    input), the graph is compiled for the example's channels-last layout: load() lays
+    inputs out that way, load_native refuses them (typed), never computing from
+    misplaced elements."""
+    import torch._inductor
+
+    from torch_compiled_graphs._loadpath import input_strides
+
+    real = torch._inductor.aot_compile
+    calls: list[list[int]] = []
+
+    def compile_once_row_major_fails(module: Any, *args: Any, **kwargs: Any) -> Any:
+        strides = [list(n.meta["val"].stride()) for n in module.graph.nodes if n.op == "placeholder"]
+        calls.append(strides[0])
+        if strides[0] == [288, 36, 6, 1]:
+            raise RuntimeError("view size is not compatible with input tensor's size and stride")
+        return real(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "aot_compile", compile_once_row_major_fails)
+    torch.manual_seed(0)
+    head = Head().eval()
+    example = torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    program = torch.export.export(head, (example,))
+    spec = GraphClassSpec("layout/head-fallback", "layout-tests", program)
+    toolchain = record_toolchain()
+    key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
+    stored = (
+        Engine(tmp_path / "store")
+        .ensure(key, tmp_path / "graph", target="cpu", toolchain=toolchain, recipe=lambda: spec)
+        .compiled_graph
+    )
+    assert calls == [[288, 36, 6, 1], [288, 1, 48, 8]]
+    assert input_strides(stored.package_path) == [[288, 1, 48, 8]]
+    graph = stored.load(head)
+    x = torch.randn(2, 8, 6, 6, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = head(x)
+    for given in (x, x.contiguous(memory_format=torch.channels_last)):
+        torch.testing.assert_close(graph(given), want, atol=1e-4, rtol=1e-4)
+    stored.write_weights(head, tmp_path / "weights.safetensors")
+    native = stored.load_native(tmp_path / "weights.safetensors", device="cpu")
+    with pytest.raises(BindingError) as caught:
+        native(x.numpy())
+    assert caught.value.code == "run.input_layout"
+    assert "[288, 1, 48, 8]" in str(caught.value) and "load()" in str(caught.value)
