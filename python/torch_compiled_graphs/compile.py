@@ -352,9 +352,9 @@ def compile_package(
         except Exception as exc:
             if not saved:
                 raise
-            # A program whose ops hold only for its example's layout (a view of a
-            # permuted channels-last input): compiled for that layout, which load()
-            # then lays inputs out in (the native path refuses other memory).
+            # The row-major compile failed (an op inductor cannot lower for that
+            # layout; none is known): compiled for the example's layout, which load()
+            # then lays inputs out in (the native path refuses the graph, typed).
             LOGGER.debug(
                 "compile with row-major inputs failed (%s: %s); compiling for the example's layout",
                 type(exc).__name__,
