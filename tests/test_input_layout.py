@@ -36,19 +36,26 @@ class Head(torch.nn.Module):
         return out
 
 
-@pytest.fixture(scope="module")
-def minted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Head, Path]:
+def mint_head(name: str, root: Path) -> tuple[Any, Head]:
+    """A real CPU mint of :class:`Head` exported from a channels-last example, and the
+    module; its weights written to ``root / "weights.safetensors"``."""
     torch.manual_seed(0)
-    root = tmp_path_factory.mktemp("layout")
     head = Head().eval()
     example = torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
     program = torch.export.export(head, (example,))
-    spec = GraphClassSpec("layout/head", "layout-tests", program)
+    spec = GraphClassSpec(name, "layout-tests", program)
     toolchain = record_toolchain()
     key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
     result = Engine(root / "store").ensure(key, root / "graph", target="cpu", toolchain=toolchain, recipe=lambda: spec)
     stored = result.compiled_graph
     stored.write_weights(head, root / "weights.safetensors")
+    return stored, head
+
+
+@pytest.fixture(scope="module")
+def minted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Head, Path]:
+    root = tmp_path_factory.mktemp("layout")
+    stored, head = mint_head("layout/head", root)
     return stored, head, root
 
 
@@ -135,18 +142,7 @@ def test_a_program_that_fails_to_compile_row_major_is_compiled_for_its_examples_
         return real(module, *args, **kwargs)
 
     monkeypatch.setattr(torch._inductor, "aot_compile", compile_once_row_major_fails)
-    torch.manual_seed(0)
-    head = Head().eval()
-    example = torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
-    program = torch.export.export(head, (example,))
-    spec = GraphClassSpec("layout/head-fallback", "layout-tests", program)
-    toolchain = record_toolchain()
-    key = RuntimeCompatibility("cpu", toolchain=toolchain).key(spec.declare())
-    stored = (
-        Engine(tmp_path / "store")
-        .ensure(key, tmp_path / "graph", target="cpu", toolchain=toolchain, recipe=lambda: spec)
-        .compiled_graph
-    )
+    stored, head = mint_head("layout/head-fallback", tmp_path)
     assert calls == [[288, 36, 6, 1], [288, 1, 48, 8]]
     assert input_strides(stored.package_path) == [[288, 1, 48, 8]]
     graph = stored.load(head)
@@ -155,7 +151,6 @@ def test_a_program_that_fails_to_compile_row_major_is_compiled_for_its_examples_
         want = head(x)
     for given in (x, x.contiguous(memory_format=torch.channels_last)):
         torch.testing.assert_close(graph(given), want, atol=1e-4, rtol=1e-4)
-    stored.write_weights(head, tmp_path / "weights.safetensors")
     native = stored.load_native(tmp_path / "weights.safetensors", device="cpu")
     with pytest.raises(BindingError) as caught:
         native(x.numpy())

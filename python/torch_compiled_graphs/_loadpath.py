@@ -89,7 +89,7 @@ def torch_package_loader(torch: Any, package: str, entry: str, single_threaded: 
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterator, Mapping, Sequence
     from typing import Any, TypeAlias
 
     from . import _native
@@ -131,7 +131,7 @@ def input_strides(package: str | os.PathLike[str]) -> list[list[int | None]] | N
     return _native.package_input_strides(os.fspath(package))
 
 
-def laid_out(value: Any, strides: list[int | None] | None, name: str) -> Any:
+def laid_out(value: Any, strides: Sequence[int | None] | None, name: str) -> Any:
     """``value`` (a torch tensor) in the layout the graph reads this input with.
 
     Compiled code reads an input with the strides of the exported example: a graph

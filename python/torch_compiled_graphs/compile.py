@@ -211,9 +211,9 @@ def _compile_inputs(program: ExportedProgram) -> tuple[tuple[Any, ...], dict[str
     return tuple(args), dict(kwargs)
 
 
-def _row_major_inputs(mode: Any, module: Any) -> dict[Any, Any]:
+def _row_major_inputs(mode: Any, module: Any) -> bool:
     """Make every tensor input of ``module`` (``program.module()``) row-major for the
-    compile; returns the placeholders whose value changed, with their old values.
+    compile; returns whether any placeholder's value changed.
 
     Compiled code reads an input with the strides of the value its placeholder
     records (inductor compiles an exported module from its placeholders' values),
@@ -224,7 +224,7 @@ def _row_major_inputs(mode: Any, module: Any) -> dict[Any, Any]:
     expressions, never evaluated: no shape guard is added."""
     import torch
 
-    saved: dict[Any, Any] = {}
+    changed = False
     with mode:
         for node in module.graph.nodes:
             value = node.meta.get("val") if node.op == "placeholder" else None
@@ -232,9 +232,9 @@ def _row_major_inputs(mode: Any, module: Any) -> dict[Any, Any]:
                 continue
             row = value.clone(memory_format=torch.contiguous_format)
             if [str(s) for s in row.stride()] != [str(s) for s in value.stride()]:
-                saved[node] = value
                 node.meta["val"] = row
-    return saved
+                changed = True
+    return changed
 
 
 def _compile_context(program: ExportedProgram) -> tuple[Any, Any]:
@@ -345,12 +345,12 @@ def compile_package(
     try:
         mode.shape_env = env
         module = program.module(check_guards=False)
-        saved = _row_major_inputs(mode, module)
+        changed = _row_major_inputs(mode, module)
         try:
             with tracing(TracingContext(mode)), attention:
                 files = torch._inductor.aot_compile(module, args, kwargs, options=options)
         except Exception as exc:
-            if not saved:
+            if not changed:
                 raise
             # The row-major compile failed (an op inductor cannot lower for that
             # layout; none is known): compiled for the example's layout, which load()
@@ -360,8 +360,8 @@ def compile_package(
                 type(exc).__name__,
                 exc,
             )
-            for node, value in saved.items():
-                node.meta["val"] = value
+            # A fresh module: its placeholders hold the example's values, and the
+            # failed compile may have changed the other in place.
             module = program.module(check_guards=False)
             with tracing(TracingContext(mode)), attention:
                 files = torch._inductor.aot_compile(module, args, kwargs, options=options)

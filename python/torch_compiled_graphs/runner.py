@@ -248,7 +248,8 @@ class LoadedGraph:
                 ) from exc
         self.timings["create_container"] = time.perf_counter() - started
         #: The strides the graph reads each input with (from its wrapper's checks).
-        self._input_strides = _loadpath.input_strides(stored.package_path)
+        read = _loadpath.input_strides(stored.package_path)
+        self._input_strides = None if read is None else [tuple(s) for s in read]
         needed = set(self._loader.get_constant_fqns())
         if needed != set(self._rows):
             raise BindingError(
@@ -523,7 +524,7 @@ class LoadedGraph:
                         f"move it with .to({str(self.device)!r})",
                         "run.call_invalid",
                     )
-            if strides is not None and len(placed) < len(strides):
+            if strides is not None and len(placed) < len(strides) and value.stride() != strides[len(placed)]:
                 # The memory layout the compiled code reads (a channels-last image
                 # given to a graph minted row-major is copied row-major first).
                 value = _loadpath.laid_out(value, strides[len(placed)], self._input_name(position))

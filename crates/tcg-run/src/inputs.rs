@@ -53,10 +53,9 @@ impl InputFact {
     /// from misplaced elements.
     pub fn layout_mismatch(&self, shape: &[i64]) -> Option<String> {
         let want = crate::torch::contiguous_strides(shape);
-        let off: Vec<usize> = (0..shape.len().min(self.strides.len()))
-            .filter(|&k| shape[k] > 1 && self.strides[k].is_some_and(|s| s != want[k]))
-            .collect();
-        if off.is_empty() {
+        let off = (0..shape.len().min(self.strides.len()))
+            .any(|k| shape[k] > 1 && self.strides[k].is_some_and(|s| s != want[k]));
+        if !off {
             return None;
         }
         let show = |v: Option<i64>| v.map_or_else(|| "?".to_owned(), |s| s.to_string());
