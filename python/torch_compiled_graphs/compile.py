@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._attention import rewrite_to_flex
 from .errors import AdmissionError, CompileError, DeclarationError
 from .runtime import RuntimeCompatibility, clamp_options, impose_clamp
 from .variant import DEFAULT_VARIANT, SHIM_V1, VARIANTS
@@ -54,8 +55,11 @@ class CompilePolicy:
     policy_id: str = "tcg-compile-policy-v1"
     #: Further code options by device family (``cpu``, ``cuda``); they enter the declaration.
     device_options: tuple[tuple[str, tuple[tuple[str, object], ...]], ...] = ()
-    #: How attention is lowered: ``None`` (inductor's choice) or ``"math"`` (decomposed into
-    #: matmuls and a softmax, never the flash/efficient attention externs); in the declaration.
+    #: How attention is lowered: ``None`` (inductor's choice), ``"math"`` (decomposed into
+    #: matmuls and a softmax, never the flash/efficient attention externs) or ``"flex"``
+    #: (on CUDA, SDPA as flex attention, one fused Triton kernel, with the math
+    #: decomposition for what flex attention cannot take; elsewhere ``"math"``); in the
+    #: declaration.
     attention: str | None = None
 
     def inductor_options(self, device: str = "cpu") -> dict[str, object]:
@@ -79,6 +83,12 @@ class CompilePolicy:
         if self.attention is not None:
             declaration["attention"] = self.attention
         return declaration
+
+    def attention_on(self, device: str) -> str | None:
+        """The attention lowering of a compile for ``device`` (``cpu``/``cuda``)."""
+        if self.attention == "flex" and device != "cuda":
+            return "math"
+        return self.attention
 
     @property
     def package_constants_in_so(self) -> bool:
@@ -113,7 +123,8 @@ POLICY = CompilePolicy(
 #: The libtorch-free variant (issue 34, docs/keys.md "Variants"): the default's code options
 #: plus ``link_libtorch=False`` and kernel choices that keep the code inside the package
 #: (Triton GEMM and convolution templates on CUDA; on the CPU one thread, so that no
-#: OpenMP runtime is imported, and no weight prepacking), and attention decomposed. A mint of
+#: OpenMP runtime is imported, and no weight prepacking), and attention as flex attention on
+#: CUDA (decomposed on the CPU, and where flex attention cannot take a call). A mint of
 #: this variant is refused unless the ``.so`` imports only shim set v1
 #: (``compile.variant_refused``).
 SHIM_V1_POLICY = CompilePolicy(
@@ -145,7 +156,7 @@ SHIM_V1_POLICY = CompilePolicy(
             ),
         ),
     ),
-    attention="math",
+    attention="flex",
 )
 
 for _policy in (POLICY, SHIM_V1_POLICY):
@@ -333,38 +344,57 @@ def compile_package(
     import torch._inductor
     from torch._guards import TracingContext, tracing
 
-    attention: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    if policy.attention == "math":
+    lowering = policy.attention_on(device)
+
+    def attention() -> contextlib.AbstractContextManager[Any]:
+        """The attention backends of one compile attempt (a fresh context each: sdpa_kernel's
+        is single-use)."""
+        if lowering not in ("math", "flex"):
+            return contextlib.nullcontext()
         # Re-traced under the math backend, scaled_dot_product_attention decomposes into
-        # matmuls and a softmax instead of calling a flash/efficient attention extern.
+        # matmuls and a softmax instead of calling a flash/efficient attention extern
+        # (under "flex", the calls flex attention cannot take).
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        attention = sdpa_kernel([SDPBackend.MATH])
+        return sdpa_kernel([SDPBackend.MATH])
+
     _settle_vector_isa()
     previous_env = mode.shape_env
     try:
         mode.shape_env = env
-        module = program.module(check_guards=False)
-        changed = _row_major_inputs(mode, module)
-        try:
-            with tracing(TracingContext(mode)), attention:
-                files = torch._inductor.aot_compile(module, args, kwargs, options=options)
-        except Exception as exc:
-            if not changed:
-                raise
-            # The row-major compile failed (an op inductor cannot lower for that
-            # layout; none is known): compiled for the example's layout, which load()
-            # then lays inputs out in (the native path refuses the graph, typed).
-            LOGGER.debug(
-                "compile with row-major inputs failed (%s: %s); compiling for the example's layout",
-                type(exc).__name__,
-                exc,
-            )
-            # A fresh module: its placeholders hold the example's values, and the
-            # failed compile may have changed the other in place.
+        flex, row_major = lowering == "flex", True
+        while True:
+            # A fresh module each time: a failed compile may have changed the last one.
             module = program.module(check_guards=False)
-            with tracing(TracingContext(mode)), attention:
-                files = torch._inductor.aot_compile(module, args, kwargs, options=options)
+            changed = _row_major_inputs(mode, module) if row_major else False
+            rewritten = rewrite_to_flex(module) if flex else 0
+            try:
+                with tracing(TracingContext(mode)), attention():
+                    files = torch._inductor.aot_compile(module, args, kwargs, options=options)
+                break
+            except Exception as exc:
+                if rewritten:
+                    # Flex attention failed to lower (a shape or mask its kernel does
+                    # not take): the whole graph again with attention decomposed.
+                    LOGGER.debug(
+                        "compile with flex attention failed (%s: %s); compiling with attention decomposed",
+                        type(exc).__name__,
+                        exc,
+                    )
+                    flex = False
+                elif changed:
+                    # The row-major compile failed (an op inductor cannot lower for that
+                    # layout; none is known): compiled for the example's layout, which
+                    # load() then lays inputs out in (the native path refuses the graph,
+                    # typed).
+                    LOGGER.debug(
+                        "compile with row-major inputs failed (%s: %s); compiling for the example's layout",
+                        type(exc).__name__,
+                        exc,
+                    )
+                    row_major = False
+                else:
+                    raise
     except CompileError:
         raise
     except Exception as exc:
