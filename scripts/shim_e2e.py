@@ -200,10 +200,9 @@ def _admitted(opts: Options, model: str, variant: str = "shim-v1") -> bool:
 def mint(opts: Options, env: dict[str, str]) -> dict[str, Any]:
     """Every model as both variants, each mint in its own child, ``opts.jobs`` at once,
     except that on a GPU the ``shim-v1`` mints run one at a time: they autotune their
-    Triton templates by timing them on the GPU, and timings taken while other mints use
-    the GPU pick slower kernels (the steady benchmark's block stack at batch 8 replayed
-    1.40x the default minted beside three other mints; the same kernels compiled alone,
-    1.16x). A mint this work folder already holds (its ``mint.json`` and result) is reused."""
+    Triton templates by timing them on the GPU, and a figure should not depend on what
+    else the GPU ran meanwhile. A mint this work folder already holds (its ``mint.json``
+    and result) is reused."""
     jobs = [(m, v) for v in VARIANTS for m in opts.models]  # shim-v1's first
     timeout = max(60.0, opts.left() - 60.0)  # leave a minute to the run and report
     autotuning = threading.Lock()
