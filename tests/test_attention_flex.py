@@ -106,6 +106,13 @@ def test_the_variant_uses_flex_attention_on_cuda_and_decomposes_it_on_the_cpu() 
     assert POLICY.attention_on("cuda") is None and "attention" not in POLICY.settings_declaration()
 
 
+def _flex_attention_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU stands in for CUDA: the default variant's policy with flex attention here too."""
+    flex_here = dataclasses.replace(POLICY, attention="flex")
+    monkeypatch.setattr(type(flex_here), "attention_on", lambda self, device: self.attention)
+    monkeypatch.setattr(tcg_compile, "POLICY", flex_here)
+
+
 def test_a_failed_flex_compile_compiles_the_graph_again_with_attention_decomposed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -133,10 +140,7 @@ def test_a_failed_flex_compile_compiles_the_graph_again_with_attention_decompose
 
     monkeypatch.setattr(torch._inductor, "aot_compile", aot_compile)
     monkeypatch.setattr(tcg_compile, "_package", package)
-    # The CPU stands in for CUDA: a policy whose attention is flex attention here too.
-    flex_here = dataclasses.replace(POLICY, attention="flex")
-    monkeypatch.setattr(type(flex_here), "attention_on", lambda self, device: self.attention)
-    monkeypatch.setattr(tcg_compile, "POLICY", flex_here)
+    _flex_attention_on_the_cpu(monkeypatch)
 
     program = _exported()
     out = tcg_compile.compile_package(
@@ -164,9 +168,7 @@ def test_a_compile_that_fails_without_flex_attention_is_not_retried(
             return x.relu()
 
     monkeypatch.setattr(torch._inductor, "aot_compile", aot_compile)
-    flex_here = dataclasses.replace(POLICY, attention="flex")
-    monkeypatch.setattr(type(flex_here), "attention_on", lambda self, device: self.attention)
-    monkeypatch.setattr(tcg_compile, "POLICY", flex_here)
+    _flex_attention_on_the_cpu(monkeypatch)
     program = torch.export.export(NoAttention(), (torch.randn(2, 3),))
     with pytest.raises(tcg_compile.CompileError) as err:
         tcg_compile.compile_package(

@@ -132,10 +132,9 @@ def rewrite_to_flex(module: Any) -> int:
     """Rewrite every dropout-free SDPA call of ``module`` (a ``GraphModule``, with its
     nested graphs) to :func:`sdpa_as_flex`; returns how many calls were rewritten."""
     import torch
-
-    sdpa = torch.ops.aten.scaled_dot_product_attention.default
     from torch.nn.attention import flex_attention as flex
 
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
     # A private helper of flex attention: without it each call makes its own mask.
     shared = hasattr(flex, "_create_empty_block_mask")
     count = 0
