@@ -11,10 +11,12 @@ torch is imported lazily, inside functions.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import numbers
 import os
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +63,11 @@ class CompilePolicy:
     #: decomposition for what flex attention cannot take; elsewhere ``"math"``); in the
     #: declaration.
     attention: str | None = None
+    #: At which sizes the compile takes its size hints for a dynamic input dimension
+    #: (what autotuning times its candidates at): ``None``, the export's example, or
+    #: ``"range-top/8x"``, the top of the dimension's declared range, at most eight times
+    #: the example's size (the example's where the range is unbounded); in the declaration.
+    tuning: str | None = None
 
     def inductor_options(self, device: str = "cpu") -> dict[str, object]:
         """Every inductor option passed to a compile for ``device`` (``cpu``/``cuda``; a fresh copy)."""
@@ -82,6 +89,8 @@ class CompilePolicy:
             declaration["inductor_by_device"] = {d: dict(o) for d, o in self.device_options}
         if self.attention is not None:
             declaration["attention"] = self.attention
+        if self.tuning is not None:
+            declaration["tuning"] = self.tuning
         return declaration
 
     def attention_on(self, device: str) -> str | None:
@@ -106,6 +115,11 @@ class CompilePolicy:
             and options["aot_inductor.package_constants_in_so"] is False
         )
 
+
+#: The tuning rule of :attr:`CompilePolicy.tuning` that takes the top of each declared range.
+TUNING_RANGE_TOP = "range-top/8x"
+#: How far above the example's size ``"range-top/8x"`` goes.
+_TUNING_REACH = 8
 
 #: The sole compile policy. See docs/compile-policy.md for the reason behind each option.
 POLICY = CompilePolicy(
@@ -157,6 +171,7 @@ SHIM_V1_POLICY = CompilePolicy(
         ),
     ),
     attention="flex",
+    tuning=TUNING_RANGE_TOP,
 )
 
 for _policy in (POLICY, SHIM_V1_POLICY):
@@ -283,6 +298,73 @@ def _compile_context(program: ExportedProgram) -> tuple[Any, Any]:
     return next(iter(modes.values())), next(iter(envs.values()))
 
 
+def _backed_hints(env: Any) -> dict[Any, Any]:
+    """The shape environment's hint of each backed symbol (``symbol -> sympy.Integer``): the
+    dictionary itself, which inductor's size hints read (``backed_var_to_val``, named
+    ``var_to_val`` before torch 2.15)."""
+    hints = getattr(env, "backed_var_to_val", None)
+    if not isinstance(hints, dict):
+        hints = vars(env).get("var_to_val")
+    if not isinstance(hints, dict):
+        raise CompileError("the graph's shape environment has no hints of its symbols", "compile.context")
+    return hints
+
+
+def tuning_hints(program: ExportedProgram, env: Any, rule: str | None) -> dict[Any, int]:
+    """The size hints ``rule`` (:attr:`CompilePolicy.tuning`) compiles ``program`` at, for
+    each dynamic dimension whose hint it moves: ``symbol -> size``.
+
+    Under ``"range-top/8x"`` a dimension declared with a finite top is compiled at that
+    top, but never more than eight times the example's size (autotuning times
+    candidates at the hint, with inputs of that size), nor below the example's. An
+    unbounded dimension keeps the example's size."""
+    if rule is None:
+        return {}
+    if rule != TUNING_RANGE_TOP:
+        raise CompileError(f"unknown tuning rule {rule!r}", "compile.program_invalid")
+    if not program.range_constraints:
+        return {}
+    hints = _backed_hints(env)
+    moved: dict[Any, int] = {}
+    for symbol, bounds in program.range_constraints.items():
+        example, top = hints.get(symbol), getattr(bounds, "upper", None)
+        # sympy's Integer is an Integral; its infinities are not.
+        if not isinstance(example, numbers.Integral) or not isinstance(top, numbers.Integral):
+            continue
+        example = int(example)
+        hint = max(example, min(int(top), _TUNING_REACH * example))
+        if hint != example:
+            moved[symbol] = hint
+    return moved
+
+
+@contextlib.contextmanager
+def _hinted(env: Any, moved: Mapping[Any, int]) -> Iterator[None]:
+    """The shape environment with ``moved``'s hints for the duration of a compile, as
+    ``torch._dynamo.mark_dynamic(..., hint_override=)`` sets them (the backed hint itself,
+    and the override record that inductor's cache key includes); restored after."""
+    import sympy  # type: ignore[import-untyped]
+
+    if not moved:
+        yield
+        return
+    hints = _backed_hints(env)
+    overrides = getattr(env, "var_to_hint_override", None)
+    saved = {symbol: hints[symbol] for symbol in moved}
+    saved_overrides = dict(overrides) if isinstance(overrides, dict) else None
+    try:
+        for symbol, hint in moved.items():
+            hints[symbol] = sympy.Integer(hint)
+            if isinstance(overrides, dict):
+                overrides[symbol] = hint
+        yield
+    finally:
+        hints.update(saved)
+        if isinstance(overrides, dict) and saved_overrides is not None:
+            overrides.clear()
+            overrides.update(saved_overrides)
+
+
 def _target_options(runtime: RuntimeCompatibility, requirement: Mapping[str, str]) -> dict[str, object]:
     """Options that follow the runtime and the clamp; they are host/target facts, not policy."""
     import torch._inductor.config as config
@@ -339,12 +421,13 @@ def compile_package(
     device = "cpu" if runtime.target == "cpu" else "cuda"
     options = {**policy.inductor_options(device), **_target_options(runtime, requirement)}
 
-    import contextlib
-
     import torch._inductor
     from torch._guards import TracingContext, tracing
 
     lowering = policy.attention_on(device)
+    moved = tuning_hints(program, env, policy.tuning)
+    if moved:
+        LOGGER.debug("compile tuned at %s", {str(k): v for k, v in moved.items()})
 
     def attention() -> contextlib.AbstractContextManager[Any]:
         """The attention backends of one compile attempt (a fresh context each: sdpa_kernel's
@@ -369,7 +452,7 @@ def compile_package(
             changed = _row_major_inputs(mode, module) if row_major else False
             rewritten = rewrite_to_flex(module) if flex else 0
             try:
-                with tracing(TracingContext(mode)), attention():
+                with tracing(TracingContext(mode)), attention(), _hinted(env, moved):
                     files = torch._inductor.aot_compile(module, args, kwargs, options=options)
                 break
             except Exception as exc:

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
 use tcg_core::artifact::metadata::{ConstantRow, ConstantSource};
@@ -1031,10 +1031,12 @@ impl Ring {
 }
 
 /// Read `pieces` through a ring of pinned buffers and copy each to `memory`
-/// on a copy stream while the next is read. Returns the seconds setting up
-/// the ring took (stream, events, pinned buffers), the seconds until every
-/// read was done and the copies queued, and the seconds the copies took
-/// after that.
+/// on a copy stream while the next is read. Each slot's pinned buffer is
+/// allocated by the first reader that takes the slot, so the first reads
+/// start after one slot's allocation, not the whole ring's (pinning is paid
+/// beside the reads and copies). Returns the seconds setting up the ring
+/// took (stream, events), the seconds until every read was done and the
+/// copies queued, and the seconds the copies took after that.
 fn read_device(
     context: Context,
     sources: &[&Source],
@@ -1049,14 +1051,14 @@ fn read_device(
     let events = (0..slots)
         .map(|_| Event::new(context))
         .collect::<Result<Vec<_>>>()?;
-    let pinned = PinnedMemory::new(context, slots * SLOT_BYTES)?;
+    // One pinned buffer per slot, made when the slot is first taken.
+    let pinned: Vec<OnceLock<PinnedMemory>> = (0..slots).map(|_| OnceLock::new()).collect();
     let ring = Ring {
         free: Mutex::new((0..slots).collect()),
         ready: Condvar::new(),
     };
     let next = AtomicUsize::new(0);
     let error = FirstError::new();
-    let pinned_base = pinned.ptr() as usize;
     let ring_s = t.elapsed().as_secs_f64();
     let started = Instant::now();
     let ran = readers.run(&|| {
@@ -1073,10 +1075,19 @@ fn read_device(
                 return;
             };
             let slot = ring.take();
-            let buf_addr = pinned_base + slot * SLOT_BYTES;
             let done = (|| -> Result<()> {
                 // The copies queued from this slot last time are done.
                 events[slot].synchronize()?;
+                // The slot is this thread's alone until given back: no other
+                // thread makes its buffer meanwhile.
+                let buffer = match pinned[slot].get() {
+                    Some(buffer) => buffer,
+                    None => {
+                        let fresh = PinnedMemory::new(context, SLOT_BYTES)?;
+                        pinned[slot].get_or_init(|| fresh)
+                    }
+                };
+                let buf_addr = buffer.ptr() as usize;
                 // SAFETY: the slot is this thread's alone until given back,
                 // and the copies that read it have completed.
                 let buf = unsafe { std::slice::from_raw_parts_mut(buf_addr as *mut u8, chunk.len) };

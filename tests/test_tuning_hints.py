@@ -1,0 +1,132 @@
+"""The libtorch-free variant's size hints: where its compile autotunes a dynamic dimension.
+
+AOTInductor compiles one kernel per template for every size a dynamic dimension takes,
+timed at the dimension's hint. The default variant keeps the export's example as the hint;
+``shim-v1`` (``tuning: "range-top/8x"``) moves each bounded dimension to the top of its
+declared range, at most eight times the example's size, for the compile only. No real
+compile here: the compiler and the packager are stand-ins that record the hints the
+shape environment gives while the compile runs (the shim stage of ``scripts/cuda_e2e.py``
+measures what the hints buy on a GPU).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torch_compiled_graphs import RuntimeCompatibility, record_toolchain
+from torch_compiled_graphs import compile as tcg_compile
+from torch_compiled_graphs.compile import POLICY, SHIM_V1_POLICY, TUNING_RANGE_TOP
+
+
+class ThreeInputs(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return x.sum() + y.sum() + z.sum()
+
+
+def _exported() -> Any:
+    """x: batch 1..8, example 2; y: 1..100, example 4; z: unbounded, example 3."""
+    dims = (
+        {0: torch.export.Dim("batch", min=1, max=8)},
+        {0: torch.export.Dim("n", min=1, max=100)},
+        {0: torch.export.Dim("free")},
+    )
+    args = (torch.randn(2, 3), torch.randn(4, 3), torch.randn(3, 3))
+    return torch.export.export(ThreeInputs(), args, dynamic_shapes=dims)
+
+
+def _symbols(program: Any) -> dict[str, Any]:
+    """Each input's first dimension's symbol, by placeholder name."""
+    out = {}
+    for node in program.graph_module.graph.nodes:
+        if node.op == "placeholder":
+            out[node.name] = node.meta["val"].shape[0].node.expr
+    return out
+
+
+def _hints_now(program: Any) -> dict[str, int]:
+    _, env = tcg_compile._compile_context(program)
+    hints = tcg_compile._backed_hints(env)
+    return {name: int(hints[symbol]) for name, symbol in _symbols(program).items()}
+
+
+def _compile(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, program: Any, variant: str, fail: bool = False
+) -> list[dict[str, int]]:
+    """compile_package with a compiler that records the hints it sees (and fails if asked)."""
+    import torch._inductor
+
+    seen: list[dict[str, int]] = []
+    made = tmp_path / "wrapper.so"
+    made.write_bytes(b"")
+
+    def aot_compile(module: Any, args: Any, kwargs: Any, options: Any) -> list[str]:
+        seen.append(_hints_now(program))
+        if fail:
+            raise RuntimeError("the compile failed")
+        return [str(made)]
+
+    monkeypatch.setattr(torch._inductor, "aot_compile", aot_compile)
+    monkeypatch.setattr(tcg_compile, "_package", lambda files, name, workdir: workdir / "model.pt2")
+    runtime = RuntimeCompatibility("cpu", toolchain=record_toolchain(variant))
+    tcg_compile.compile_package(program, "three", runtime, tmp_path, variant=variant)
+    return seen
+
+
+def test_the_variant_compiles_each_bounded_dimension_at_the_top_of_its_range(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    program = _exported()
+    before = _hints_now(program)
+    assert before == {"x": 2, "y": 4, "z": 3}
+    seen = _compile(monkeypatch, tmp_path, program, "shim-v1")
+    # batch: its top, 8; n: eight times its example (32), not its top (100); free: unbounded.
+    assert seen == [{"x": 8, "y": 32, "z": 3}]
+    # The program's own shape environment is as it was: only the compile saw the hints.
+    assert _hints_now(program) == before
+
+
+def test_the_default_variant_compiles_at_the_example(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    program = _exported()
+    assert _compile(monkeypatch, tmp_path, program, "default") == [{"x": 2, "y": 4, "z": 3}]
+    assert POLICY.tuning is None and "tuning" not in POLICY.settings_declaration()
+    assert SHIM_V1_POLICY.settings_declaration()["tuning"] == TUNING_RANGE_TOP == "range-top/8x"
+
+
+def test_a_failed_compile_leaves_the_hints_as_they_were(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    program = _exported()
+    with pytest.raises(tcg_compile.CompileError) as err:
+        _compile(monkeypatch, tmp_path, program, "shim-v1", fail=True)
+    assert err.value.code == "compile.failed"
+    assert _hints_now(program) == {"x": 2, "y": 4, "z": 3}
+
+
+def test_tuning_hints_by_rule() -> None:
+    program = _exported()
+    _, env = tcg_compile._compile_context(program)
+    symbols = _symbols(program)
+    moved = tcg_compile.tuning_hints(program, env, TUNING_RANGE_TOP)
+    assert moved == {symbols["x"]: 8, symbols["y"]: 32}
+    assert tcg_compile.tuning_hints(program, env, None) == {}
+    with pytest.raises(tcg_compile.CompileError) as err:
+        tcg_compile.tuning_hints(program, env, "range-middle")
+    assert err.value.code == "compile.program_invalid"
+
+
+def test_a_dimension_at_the_top_of_its_range_and_a_static_one_keep_their_size() -> None:
+    class One(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    program = torch.export.export(
+        One(), (torch.randn(8, 3),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)
+    )
+    _, env = tcg_compile._compile_context(program)
+    assert tcg_compile.tuning_hints(program, env, TUNING_RANGE_TOP) == {}
+    static = torch.export.export(One(), (torch.randn(2, 3),))
+    assert static.range_constraints == {}
+    # A static program has no shape environment to move; the rule has nothing to do.
+    assert tcg_compile.tuning_hints(static, None, TUNING_RANGE_TOP) == {}
