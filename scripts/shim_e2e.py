@@ -38,13 +38,11 @@ Every step is independent (one that fails records its error and the next runs) a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -200,12 +198,11 @@ def _admitted(opts: Options, model: str, variant: str = "shim-v1") -> bool:
 
 def mint(opts: Options, env: dict[str, str]) -> dict[str, Any]:
     """Every model as both variants, each mint in its own child, ``opts.jobs`` at once,
-    except that on a GPU the ``shim-v1`` mints run one at a time: they autotune their
-    Triton templates by timing them on the GPU, and a figure should not depend on what
-    else the GPU ran meanwhile. A mint this work folder already holds (its ``mint.json``
+    except that on a GPU the ``shim-v1`` mints run first, one at a time and alone: they
+    autotune their Triton templates by timing them on the GPU, and a figure should not
+    depend on what else the GPU ran meanwhile (a default mint's compile-time tuning and
+    parity check included). A mint this work folder already holds (its ``mint.json``
     and result) is reused."""
-    jobs = [(m, v) for v in VARIANTS for m in opts.models]  # shim-v1's first
-    autotuning = threading.Lock()
 
     def one(job: tuple[str, str]) -> tuple[str, dict[str, Any]]:
         model, variant = job
@@ -215,16 +212,18 @@ def mint(opts: Options, env: dict[str, str]) -> dict[str, Any]:
             return f"{model}/{variant}", {**json.loads(saved.read_text()), "reused_from_work": True}
         work.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, str(CHILD), "mint", model, variant, str(work), opts.device]
-        one_at_a_time = variant == "shim-v1" and opts.device != "cpu"
-        with autotuning if one_at_a_time else contextlib.nullcontext():
-            # Leave a minute to the run and report (from when the mint starts: it may have waited).
-            got = _child_json(argv, env, max(60.0, opts.left() - 60.0))
+        # Leave a minute to the run and report (from when the mint starts: it may have waited).
+        got = _child_json(argv, env, max(60.0, opts.left() - 60.0))
         if "error" not in got:
             saved.write_text(json.dumps(got))
         return f"{model}/{variant}", got
 
-    with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, len(jobs)))) as pool:
-        results = dict(pool.map(one, jobs))
+    jobs = [(m, v) for v in VARIANTS for m in opts.models]  # shim-v1's first
+    alone = [job for job in jobs if job[1] == "shim-v1" and opts.device != "cpu"]
+    results = dict(one(job) for job in alone)
+    rest = [job for job in jobs if job not in alone]
+    with ThreadPoolExecutor(max_workers=max(1, min(opts.jobs, len(rest)))) as pool:
+        results.update(pool.map(one, rest))
     table: dict[str, dict[str, str]] = {}
     for name, got in results.items():
         model, variant = name.split("/")
