@@ -201,8 +201,9 @@ def mint(opts: Options, env: dict[str, str]) -> dict[str, Any]:
     except that on a GPU the ``shim-v1`` mints run first, one at a time and alone: they
     autotune their Triton templates by timing them on the GPU, and a figure should not
     depend on what else the GPU ran meanwhile (a default mint's compile-time tuning and
-    parity check included). A mint this work folder already holds (its ``mint.json``
-    and result) is reused."""
+    parity check included). Each mint has an inductor cache of its own, so that it tunes
+    afresh. A mint this work folder already holds (its ``mint.json`` and result) is
+    reused."""
 
     def one(job: tuple[str, str]) -> tuple[str, dict[str, Any]]:
         model, variant = job
@@ -212,8 +213,10 @@ def mint(opts: Options, env: dict[str, str]) -> dict[str, Any]:
             return f"{model}/{variant}", {**json.loads(saved.read_text()), "reused_from_work": True}
         work.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, str(CHILD), "mint", model, variant, str(work), opts.device]
+        # Its own inductor cache: each mint tunes afresh, not from an earlier mint's choices.
+        own = {**env, "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache")}
         # Leave a minute to the run and report (from when the mint starts: it may have waited).
-        got = _child_json(argv, env, max(60.0, opts.left() - 60.0))
+        got = _child_json(argv, own, max(60.0, opts.left() - 60.0))
         if "error" not in got:
             saved.write_text(json.dumps(got))
         return f"{model}/{variant}", got
