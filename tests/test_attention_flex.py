@@ -175,3 +175,35 @@ def test_a_compile_that_fails_without_flex_attention_is_not_retried(
             program, "relu", RuntimeCompatibility("cpu", toolchain=record_toolchain()), tmp_path
         )
     assert err.value.code == "compile.failed" and calls == [1]
+
+
+@pytest.mark.parametrize(
+    ("message", "compiles"),
+    [
+        # Another op has no kernel: attention decomposed would meet it too, no second compile.
+        ("NoValidChoicesError: No choices to select. target: aten.convolution.default", 1),
+        # Flex attention itself has no kernel: compiled again with attention decomposed.
+        ("NoValidChoicesError: No choices to select. target: flex_attention", 2),
+        # No op named: compiled again (it may have been the attention).
+        ("NoValidChoicesError: No choices to select", 2),
+    ],
+)
+def test_a_flex_compile_refused_for_another_op_is_not_compiled_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, message: str, compiles: int
+) -> None:
+    import torch._inductor
+
+    calls: list[bool] = []
+
+    def aot_compile(module: Any, args: Any, kwargs: Any, options: Any) -> list[str]:
+        calls.append(_attention.sdpa_as_flex in _targets(module))
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(torch._inductor, "aot_compile", aot_compile)
+    _flex_attention_on_the_cpu(monkeypatch)
+    with pytest.raises(tcg_compile.CompileError) as err:
+        tcg_compile.compile_package(
+            _exported(), "attn", RuntimeCompatibility("cpu", toolchain=record_toolchain()), tmp_path
+        )
+    assert err.value.code == "compile.failed"
+    assert calls == [True, False][:compiles]

@@ -456,9 +456,11 @@ def compile_package(
                     files = torch._inductor.aot_compile(module, args, kwargs, options=options)
                 break
             except Exception as exc:
-                if rewritten:
+                if rewritten and not _no_kernel_outside_attention(exc):
                     # Flex attention failed to lower (a shape or mask its kernel does
-                    # not take): the whole graph again with attention decomposed.
+                    # not take): the whole graph again with attention decomposed. Not
+                    # when the failure names another op without a kernel: the
+                    # decomposed compile would fail on it too (a refusal, below).
                     LOGGER.debug(
                         "compile with flex attention failed (%s: %s); compiling with attention decomposed",
                         type(exc).__name__,
@@ -499,6 +501,17 @@ def compile_package(
         if isinstance(item, str) and not os.path.isfile(item):
             raise CompileError(f"AOTInductor result names a missing file: {item}", "compile.result_invalid")
     return _package(files, package_name, Path(workdir))
+
+
+def _no_kernel_outside_attention(exc: BaseException) -> bool:
+    """Whether ``exc`` is inductor's ``NoValidChoicesError`` naming only ops other than
+    flex attention: a compile with attention decomposed would meet the same ops."""
+    from .variant import no_kernel_ops
+
+    ops = no_kernel_ops(exc)
+    if not ops or any(op.startswith("an operator inductor names no target") for op in ops):
+        return False
+    return not any("flex_attention" in op for op in ops)
 
 
 def _settle_vector_isa() -> None:
