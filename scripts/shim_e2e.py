@@ -30,7 +30,8 @@ Every step is independent (one that fails records its error and the next runs) a
 ``steady``
     the block stack at batch 1 and 8: the ``shim-v1`` graph on the shim against the
     default graph on libtorch, ``load_native`` with CUDA graphs on and off, wall time of a
-    call and a wait for the device, medians of 200 after 20 warm-up calls (goal: <= 1.2x).
+    call and a wait for the device, medians of 200 after 20 warm-up calls, in ``--repeat``
+    rounds of the two processes in turn, the median of the rounds (goal: <= 1.2x).
 ``coldstart``
     ``scripts/coldstart.py --variant shim-v1 --runtime shim`` (``--shim-sizes``): the
     libtorch-free path against the libtorch path and the floor, in fresh processes.
@@ -427,18 +428,38 @@ def install_bytes(opts: Options, env: dict[str, str]) -> dict[str, Any]:
 
 
 def steady(opts: Options, env: dict[str, str]) -> dict[str, Any]:
-    """shim-v1 on the shim against the default on libtorch, each in a fresh torch-free child."""
+    """shim-v1 on the shim against the default on libtorch, each in a fresh torch-free child,
+    ``opts.repeat`` rounds of the two in turn (a round's processes run back to back, so a
+    drift of the machine between rounds moves both); each cell is the median over rounds
+    of each round's median call, and the ratios are of those medians."""
+    import statistics
+
     model = _bench_model(opts)
     if model is None:
         return {"skipped": f"none of {BENCH_MODELS} was minted as shim-v1 (see mint)"}
     if not _admitted(opts, model, "default"):
         return {"skipped": f"{model} was not minted as the default variant (see mint)"}
-    out: dict[str, Any] = {"model": model, "calls": opts.calls, "warm": opts.warm}
-    for variant, runtime in (("shim-v1", "shim"), ("default", "libtorch")):
-        work = _mint_dir(opts, model, variant)
-        argv = [sys.executable, str(CHILD), "steady", str(work), opts.device, str(opts.calls), str(opts.warm)]
-        got = _child_json(argv, {**env, "TORCH_COMPILED_GRAPHS_RUNTIME": runtime}, max(30.0, min(240.0, opts.left())))
-        out[variant] = got
+    out: dict[str, Any] = {"model": model, "calls": opts.calls, "warm": opts.warm, "rounds": []}
+    for _ in range(max(1, opts.repeat)):
+        if out["rounds"] and opts.left() < 60.0:
+            break
+        one: dict[str, Any] = {}
+        for variant, runtime in (("shim-v1", "shim"), ("default", "libtorch")):
+            work = _mint_dir(opts, model, variant)
+            argv = [sys.executable, str(CHILD), "steady", str(work), opts.device, str(opts.calls), str(opts.warm)]
+            one[variant] = _child_json(
+                argv, {**env, "TORCH_COMPILED_GRAPHS_RUNTIME": runtime}, max(30.0, min(240.0, opts.left()))
+            )
+        out["rounds"].append(one)
+    for variant in ("shim-v1", "default"):
+        # The first round's report (runtime, capture statistics, mapped libraries), with
+        # the cells of every round.
+        first = dict(out["rounds"][0][variant])
+        per_round = [r[variant].get("cells", {}) for r in out["rounds"]]
+        first["cells_by_round"] = per_round
+        cells = sorted({c for cells in per_round for c in cells})
+        first["cells"] = {c: statistics.median(r[c] for r in per_round if c in r) for c in cells}
+        out[variant] = first
     shim_cells, default_cells = out["shim-v1"].get("cells", {}), out["default"].get("cells", {})
     ratios = {cell: shim_cells[cell] / default_cells[cell] for cell in shim_cells if default_cells.get(cell)}
     out["variant_over_default"] = ratios
