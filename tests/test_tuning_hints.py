@@ -130,3 +130,15 @@ def test_a_dimension_at_the_top_of_its_range_and_a_static_one_keep_their_size() 
     assert static.range_constraints == {}
     # A static program has no shape environment to move; the rule has nothing to do.
     assert tcg_compile.tuning_hints(static, None, TUNING_RANGE_TOP) == {}
+
+
+def test_a_shape_environment_without_hints_is_refused() -> None:
+    """A shape environment that keeps no hints (a torch whose ShapeEnv moved them elsewhere)
+    is refused, typed, before anything is compiled."""
+
+    class NoHints:
+        pass
+
+    with pytest.raises(tcg_compile.CompileError) as err:
+        tcg_compile.tuning_hints(_exported(), NoHints(), TUNING_RANGE_TOP)
+    assert err.value.code == "compile.context"

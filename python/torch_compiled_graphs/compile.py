@@ -350,19 +350,18 @@ def _hinted(env: Any, moved: Mapping[Any, int]) -> Iterator[None]:
         return
     hints = _backed_hints(env)
     overrides = getattr(env, "var_to_hint_override", None)
-    saved = {symbol: hints[symbol] for symbol in moved}
-    saved_overrides = dict(overrides) if isinstance(overrides, dict) else None
+    if not isinstance(overrides, dict):
+        overrides = {}  # a torch without the record: nothing to keep it in
+    saved, saved_overrides = {symbol: hints[symbol] for symbol in moved}, dict(overrides)
     try:
         for symbol, hint in moved.items():
             hints[symbol] = sympy.Integer(hint)
-            if isinstance(overrides, dict):
-                overrides[symbol] = hint
+            overrides[symbol] = hint
         yield
     finally:
         hints.update(saved)
-        if isinstance(overrides, dict) and saved_overrides is not None:
-            overrides.clear()
-            overrides.update(saved_overrides)
+        overrides.clear()
+        overrides.update(saved_overrides)
 
 
 def _target_options(runtime: RuntimeCompatibility, requirement: Mapping[str, str]) -> dict[str, object]:
@@ -506,10 +505,10 @@ def compile_package(
 def _no_kernel_outside_attention(exc: BaseException) -> bool:
     """Whether ``exc`` is inductor's ``NoValidChoicesError`` naming only ops other than
     flex attention: a compile with attention decomposed would meet the same ops."""
-    from .variant import no_kernel_ops
+    from .variant import UNNAMED_NO_KERNEL_OP, no_kernel_ops
 
     ops = no_kernel_ops(exc)
-    if not ops or any(op.startswith("an operator inductor names no target") for op in ops):
+    if not ops or UNNAMED_NO_KERNEL_OP in ops:
         return False
     return not any("flex_attention" in op for op in ops)
 

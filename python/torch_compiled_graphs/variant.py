@@ -163,6 +163,10 @@ def refusal(entry: str, variant: str, names: list[str]) -> CompileError:
     )
 
 
+#: What :func:`no_kernel_ops` names when inductor's error names no target.
+UNNAMED_NO_KERNEL_OP = "an operator inductor names no target for (NoValidChoicesError)"
+
+
 def no_kernel_ops(exc: BaseException) -> list[str] | None:
     """The ops inductor found no kernel for under a variant's backends, or ``None``.
 
@@ -192,4 +196,4 @@ def no_kernel_ops(exc: BaseException) -> list[str] | None:
             name = f"{op} (no kernel of the variant's template backends: NoValidChoicesError)"
             if name not in ops:
                 ops.append(name)
-    return ops or ["an operator inductor names no target for (NoValidChoicesError)"]
+    return ops or [UNNAMED_NO_KERNEL_OP]
