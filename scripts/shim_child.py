@@ -23,6 +23,7 @@ Each prints one JSON line.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -196,6 +197,19 @@ def mint(name: str, variant: str, work: Path, device: str) -> dict[str, Any]:
     spec = GraphClassSpec(f"shim-e2e/{name}", "bench", program)
     key = RuntimeCompatibility(target, toolchain=toolchain).key(spec.declare())
     out.update(key=str(key), target=target)
+    # The compile's tuning lines (the probe and the narrowing, docs/keys.md "Variants").
+    tuning: list[str] = []
+
+    class Tuning(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if any(word in text for word in ("probe", "narrowed", "tuned at", "shape environment")):
+                tuning.append(text[:400])
+
+    logger = logging.getLogger("torch_compiled_graphs")
+    logger.addHandler(Tuning(logging.DEBUG))
+    logger.setLevel(logging.DEBUG)
+    out["tuning_log"] = tuning
     t = time.perf_counter()
     try:
         result = Engine(work / "store").ensure(

@@ -2,11 +2,12 @@
 
 AOTInductor compiles one kernel per template for every size a dynamic dimension takes,
 timed at the dimension's hint. The default variant keeps the export's example as the hint;
-``shim-v1`` (``tuning: "range-top/8x"``) moves each bounded dimension to the top of its
-declared range, at most eight times the example's size, for the compile only. No real
-compile here: the compiler and the packager are stand-ins that record the hints the
-shape environment gives while the compile runs (the shim stage of ``scripts/cuda_e2e.py``
-measures what the hints buy on a GPU).
+``shim-v1`` (``tuning: "range-ends/8x"``) first probes each dynamic dimension at the bottom
+of its range (at least 2), then compiles it at the top of its declared range, at most eight
+times the example's size, each for that pass only. No real compile here: the compiler and
+the packager are stand-ins that record the hints the shape environment gives while each
+pass runs (tests/test_tuning_probe.py compiles for real; the shim stage of
+``scripts/cuda_e2e.py`` measures what the rule buys on a GPU).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from torch_compiled_graphs import RuntimeCompatibility, record_toolchain
 from torch_compiled_graphs import compile as tcg_compile
-from torch_compiled_graphs.compile import POLICY, SHIM_V1_POLICY, TUNING_RANGE_TOP
+from torch_compiled_graphs.compile import POLICY, SHIM_V1_POLICY, TUNING_RANGE_ENDS, TUNING_RANGE_TOP
 
 
 class ThreeInputs(torch.nn.Module):
@@ -76,15 +77,17 @@ def _compile(
     return seen
 
 
-def test_the_variant_compiles_each_bounded_dimension_at_the_top_of_its_range(
+def test_the_variant_probes_each_dimension_at_its_bottom_and_compiles_it_at_its_top(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     program = _exported()
     before = _hints_now(program)
     assert before == {"x": 2, "y": 4, "z": 3}
     seen = _compile(monkeypatch, tmp_path, program, "shim-v1")
-    # batch: its top, 8; n: eight times its example (32), not its top (100); free: unbounded.
-    assert seen == [{"x": 8, "y": 32, "z": 3}]
+    # The probe: every dimension at its bottom, never below 2 (batch's example already is 2).
+    # The compile: batch at its top, 8; n at eight times its example (32), not its top
+    # (100); free is unbounded and keeps its example.
+    assert seen == [{"x": 2, "y": 2, "z": 2}, {"x": 8, "y": 32, "z": 3}]
     # The program's own shape environment is as it was: only the compile saw the hints.
     assert _hints_now(program) == before
 
@@ -93,7 +96,7 @@ def test_the_default_variant_compiles_at_the_example(monkeypatch: pytest.MonkeyP
     program = _exported()
     assert _compile(monkeypatch, tmp_path, program, "default") == [{"x": 2, "y": 4, "z": 3}]
     assert POLICY.tuning is None and "tuning" not in POLICY.settings_declaration()
-    assert SHIM_V1_POLICY.settings_declaration()["tuning"] == TUNING_RANGE_TOP == "range-top/8x"
+    assert SHIM_V1_POLICY.settings_declaration()["tuning"] == TUNING_RANGE_ENDS == "range-ends/8x"
 
 
 def test_a_failed_compile_leaves_the_hints_as_they_were(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -110,10 +113,16 @@ def test_tuning_hints_by_rule() -> None:
     symbols = _symbols(program)
     moved = tcg_compile.tuning_hints(program, env, TUNING_RANGE_TOP)
     assert moved == {symbols["x"]: 8, symbols["y"]: 32}
+    assert tcg_compile.tuning_hints(program, env, TUNING_RANGE_ENDS) == moved
     assert tcg_compile.tuning_hints(program, env, None) == {}
-    with pytest.raises(tcg_compile.CompileError) as err:
-        tcg_compile.tuning_hints(program, env, "range-middle")
-    assert err.value.code == "compile.program_invalid"
+    # Only range-ends probes; x's bottom (1) is floored at 2, its example.
+    assert tcg_compile.probe_hints(program, env, TUNING_RANGE_ENDS) == {symbols["y"]: 2, symbols["z"]: 2}
+    assert tcg_compile.probe_hints(program, env, TUNING_RANGE_TOP) is None
+    assert tcg_compile.probe_hints(program, env, None) is None
+    for rule_of in (tcg_compile.tuning_hints, tcg_compile.probe_hints):
+        with pytest.raises(tcg_compile.CompileError) as err:
+            rule_of(program, env, "range-middle")
+        assert err.value.code == "compile.program_invalid"
 
 
 def test_a_dimension_at_the_top_of_its_range_and_a_static_one_keep_their_size() -> None:
@@ -126,10 +135,28 @@ def test_a_dimension_at_the_top_of_its_range_and_a_static_one_keep_their_size() 
     )
     _, env = tcg_compile._compile_context(program)
     assert tcg_compile.tuning_hints(program, env, TUNING_RANGE_TOP) == {}
+    # Its bottom is not its top: the probe takes it at 2.
+    (symbol,) = program.range_constraints
+    assert tcg_compile.probe_hints(program, env, TUNING_RANGE_ENDS) == {symbol: 2}
     static = torch.export.export(One(), (torch.randn(2, 3),))
     assert static.range_constraints == {}
-    # A static program has no shape environment to move; the rule has nothing to do.
+    # A static program has no shape environment to move; the rules have nothing to do.
     assert tcg_compile.tuning_hints(static, None, TUNING_RANGE_TOP) == {}
+    assert tcg_compile.probe_hints(static, None, TUNING_RANGE_ENDS) is None
+
+
+def test_a_range_whose_ends_meet_the_example_has_no_probe() -> None:
+    class One(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    # Bottom floored at 2 and top at the example: one size to tune at, no probe.
+    program = torch.export.export(
+        One(), (torch.randn(2, 3),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=2)},)
+    )
+    _, env = tcg_compile._compile_context(program)
+    assert tcg_compile.tuning_hints(program, env, TUNING_RANGE_ENDS) == {}
+    assert tcg_compile.probe_hints(program, env, TUNING_RANGE_ENDS) is None
 
 
 def test_a_shape_environment_without_hints_is_refused() -> None:

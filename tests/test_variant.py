@@ -42,7 +42,7 @@ from torch_compiled_graphs.variant import check_request, refusal_names
 #: The default policy's settings declaration digest: pinned, so every default key is unchanged.
 DEFAULT_DIGEST = "e498023a9ea8081a"
 #: The libtorch-free variant's.
-SHIM_V1_DIGEST = "25155ae1fc173b41"
+SHIM_V1_DIGEST = "c2b5fae3810f44f2"
 
 
 # --------------------------------------------------------------------------- without compiling
@@ -85,7 +85,7 @@ def test_the_variant_policy_is_the_default_plus_libtorch_free_kernels() -> None:
         "cuda": {"max_autotune_conv_backends": "TRITON", "max_autotune_gemm_backends": "TRITON"},
     }
     assert declared["attention"] == "flex"
-    assert declared["tuning"] == "range-top/8x"
+    assert declared["tuning"] == "range-ends/8x"
     assert SHIM_V1_POLICY.package_constants_in_so is False and SHIM_V1_POLICY.constant_folding_fenced
     cpu, cuda = SHIM_V1_POLICY.inductor_options("cpu"), SHIM_V1_POLICY.inductor_options("cuda")
     assert cpu["max_autotune_gemm_backends"] == "CPP" and cpu["cpp.threads"] == 1

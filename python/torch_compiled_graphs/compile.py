@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import _tuning
 from ._attention import rewrite_to_flex
 from .errors import AdmissionError, CompileError, DeclarationError
 from .runtime import RuntimeCompatibility, clamp_options, impose_clamp
@@ -64,9 +65,12 @@ class CompilePolicy:
     #: declaration.
     attention: str | None = None
     #: At which sizes the compile takes its size hints for a dynamic input dimension
-    #: (what autotuning times its candidates at): ``None``, the export's example, or
+    #: (what autotuning times its candidates at): ``None``, the export's example;
     #: ``"range-top/8x"``, the top of the dimension's declared range, at most eight times
-    #: the example's size (the example's where the range is unbounded); in the declaration.
+    #: the example's size (the example's where the range is unbounded); or
+    #: ``"range-ends/8x"``, that top, choosing only among the candidates within 10% of the
+    #: fastest at the range's bottom (at least 2; a probe compile times them there, see
+    #: ``_tuning``); in the declaration.
     tuning: str | None = None
 
     def inductor_options(self, device: str = "cpu") -> dict[str, object]:
@@ -118,8 +122,13 @@ class CompilePolicy:
 
 #: The tuning rule of :attr:`CompilePolicy.tuning` that takes the top of each declared range.
 TUNING_RANGE_TOP = "range-top/8x"
-#: How far above the example's size ``"range-top/8x"`` goes.
+#: The tuning rule that takes the top of each declared range among the candidates fit for its bottom.
+TUNING_RANGE_ENDS = "range-ends/8x"
+_TUNING_RULES = (TUNING_RANGE_TOP, TUNING_RANGE_ENDS)
+#: How far above the example's size the tuning rules go.
 _TUNING_REACH = 8
+#: The smallest bottom a probe takes: a hint of 1 could let inductor specialise on it.
+_TUNING_FLOOR = 2
 
 #: The sole compile policy. See docs/compile-policy.md for the reason behind each option.
 POLICY = CompilePolicy(
@@ -171,7 +180,7 @@ SHIM_V1_POLICY = CompilePolicy(
         ),
     ),
     attention="flex",
-    tuning=TUNING_RANGE_TOP,
+    tuning=TUNING_RANGE_ENDS,
 )
 
 for _policy in (POLICY, SHIM_V1_POLICY):
@@ -310,32 +319,63 @@ def _backed_hints(env: Any) -> dict[Any, Any]:
     return hints
 
 
+def _dynamic_ranges(program: ExportedProgram, env: Any) -> Iterator[tuple[Any, int, Any, Any]]:
+    """``(symbol, example, lower, upper)`` of each dynamic dimension with an integral hint."""
+    if not program.range_constraints:
+        return
+    hints = _backed_hints(env)
+    for symbol, bounds in program.range_constraints.items():
+        example = hints.get(symbol)
+        # sympy's Integer is an Integral; its infinities are not.
+        if isinstance(example, numbers.Integral):
+            yield symbol, int(example), getattr(bounds, "lower", None), getattr(bounds, "upper", None)
+
+
+def _known_rule(rule: str | None) -> None:
+    if rule is not None and rule not in _TUNING_RULES:
+        raise CompileError(f"unknown tuning rule {rule!r}", "compile.program_invalid")
+
+
 def tuning_hints(program: ExportedProgram, env: Any, rule: str | None) -> dict[Any, int]:
     """The size hints ``rule`` (:attr:`CompilePolicy.tuning`) compiles ``program`` at, for
     each dynamic dimension whose hint it moves: ``symbol -> size``.
 
-    Under ``"range-top/8x"`` a dimension declared with a finite top is compiled at that
-    top, but never more than eight times the example's size (autotuning times
-    candidates at the hint, with inputs of that size), nor below the example's. An
-    unbounded dimension keeps the example's size."""
+    Under ``"range-top/8x"`` and ``"range-ends/8x"`` a dimension declared with a finite
+    top is compiled at that top, but never more than eight times the example's size
+    (autotuning times candidates at the hint, with inputs of that size), nor below the
+    example's. An unbounded dimension keeps the example's size."""
+    _known_rule(rule)
     if rule is None:
         return {}
-    if rule != TUNING_RANGE_TOP:
-        raise CompileError(f"unknown tuning rule {rule!r}", "compile.program_invalid")
-    if not program.range_constraints:
-        return {}
-    hints = _backed_hints(env)
     moved: dict[Any, int] = {}
-    for symbol, bounds in program.range_constraints.items():
-        example, top = hints.get(symbol), getattr(bounds, "upper", None)
-        # sympy's Integer is an Integral; its infinities are not.
-        if not isinstance(example, numbers.Integral) or not isinstance(top, numbers.Integral):
+    for symbol, example, _lower, top in _dynamic_ranges(program, env):
+        if not isinstance(top, numbers.Integral):
             continue
-        example = int(example)
         hint = max(example, min(int(top), _TUNING_REACH * example))
         if hint != example:
             moved[symbol] = hint
     return moved
+
+
+def probe_hints(program: ExportedProgram, env: Any, rule: str | None) -> dict[Any, int] | None:
+    """The size hints of the probe compile ``rule`` times candidates at before the compile
+    (``"range-ends/8x"``): each dynamic dimension at the bottom of its declared range, but
+    at least 2 and at most the example's size (``symbol -> size`` for those it moves).
+    ``None`` where there is no probe: another rule, or no dimension whose bottom differs
+    from the size the compile takes (:func:`tuning_hints`)."""
+    _known_rule(rule)
+    if rule != TUNING_RANGE_ENDS:
+        return None
+    top = tuning_hints(program, env, rule)
+    moved: dict[Any, int] = {}
+    spread = False
+    for symbol, example, lower, _upper in _dynamic_ranges(program, env):
+        bottom = int(lower) if isinstance(lower, numbers.Integral) else _TUNING_FLOOR
+        bottom = min(example, max(_TUNING_FLOOR, bottom))
+        if bottom != example:
+            moved[symbol] = bottom
+        spread = spread or bottom != top.get(symbol, example)
+    return moved if spread else None
 
 
 @contextlib.contextmanager
@@ -425,8 +465,14 @@ def compile_package(
 
     lowering = policy.attention_on(device)
     moved = tuning_hints(program, env, policy.tuning)
+    probed = probe_hints(program, env, policy.tuning)
     if moved:
         LOGGER.debug("compile tuned at %s", {str(k): v for k, v in moved.items()})
+    if probed is not None:
+        LOGGER.debug("candidates probed at %s", {str(k): v for k, v in probed.items()} or "the example")
+        # Both passes lower afresh: a cached graph would skip the probe's timing, and the
+        # compile's cache key does not see the narrowing.
+        options["fx_graph_cache"] = False
 
     def attention() -> contextlib.AbstractContextManager[Any]:
         """The attention backends of one compile attempt (a fresh context each: sdpa_kernel's
@@ -445,14 +491,37 @@ def compile_package(
     try:
         mode.shape_env = env
         flex, row_major = lowering == "flex", True
-        while True:
-            # A fresh module each time: a failed compile may have changed the last one.
+
+        def prepared() -> tuple[Any, bool, int]:
+            # A fresh module for each compile: a failed compile may have changed the last one.
             module = program.module(check_guards=False)
             changed = _row_major_inputs(mode, module) if row_major else False
             rewritten = rewrite_to_flex(module) if flex else 0
+            return module, changed, rewritten
+
+        def compile_at(module: Any, hints: Mapping[Any, int]) -> Any:
+            with tracing(TracingContext(mode)), attention(), _hinted(env, hints):
+                return torch._inductor.aot_compile(module, args, kwargs, options=options)
+
+        while True:
+            module, changed, rewritten = prepared()
             try:
-                with tracing(TracingContext(mode)), attention(), _hinted(env, moved):
-                    files = torch._inductor.aot_compile(module, args, kwargs, options=options)
+                narrowing: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+                if probed is not None:
+                    with _tuning.kept_env(env):
+                        table = _probe(compile_at, prepared()[0], probed)
+                    narrowing = _tuning.narrowed(table)
+                with narrowing as tally:
+                    files = compile_at(module, moved)
+                if tally is not None:
+                    LOGGER.debug(
+                        "compile narrowed %d autotuning calls to the probe's fit candidates "
+                        "(%d of %d candidates kept); %d calls kept all",
+                        tally.narrowed,
+                        tally.kept,
+                        tally.offered,
+                        tally.whole,
+                    )
                 break
             except Exception as exc:
                 if rewritten and not _no_kernel_outside_attention(exc):
@@ -500,6 +569,19 @@ def compile_package(
         if isinstance(item, str) and not os.path.isfile(item):
             raise CompileError(f"AOTInductor result names a missing file: {item}", "compile.result_invalid")
     return _package(files, package_name, Path(workdir))
+
+
+def _probe(compile_at: Any, module: Any, hints: Mapping[Any, int]) -> _tuning.ChoiceTable:
+    """The candidates' timings of ``module`` compiled at ``hints``, up to the scheduler
+    (``_tuning.probe``). A failure of the probe is the compile's own (raised)."""
+    with _tuning.probe() as table:
+        try:
+            compile_at(module, hints)
+        except Exception as exc:
+            if not _tuning.is_probe_done(exc):
+                raise
+    LOGGER.debug("probe timed %d autotuning calls", len(table.timings))
+    return table
 
 
 def _no_kernel_outside_attention(exc: BaseException) -> bool:

@@ -20,7 +20,7 @@ pub const SETTINGS_DECLARATION: &str = "settings_declaration";
 /// that they agree. A digest not listed (a caller's own block) has no name.
 pub const COMPILE_POLICIES: [(&str, &str); 2] = [
     ("e498023a9ea8081a", "default policy"),
-    ("25155ae1fc173b41", "libtorch-free variant shim-v1"),
+    ("c2b5fae3810f44f2", "libtorch-free variant shim-v1"),
 ];
 
 /// How `explain` names the compile policy behind a `settings_declaration`
