@@ -3,8 +3,8 @@
 AOTInductor compiles one kernel per template for every size a dynamic dimension takes,
 timed at the dimension's hint. The default variant keeps the export's example as the hint;
 ``shim-v1`` (``tuning: "range-ends/8x"``) first probes each dynamic dimension at the bottom
-of its range (at least 2), then compiles it at the top of its declared range, at most eight
-times the example's size, each for that pass only. No real compile here: the compiler and
+of its range (at least 2) and at its top, at most eight times the example's size, then
+compiles it at that top, each for that pass only. No real compile here: the compiler and
 the packager are stand-ins that record the hints the shape environment gives while each
 pass runs (tests/test_tuning_probe.py compiles for real; the shim stage of
 ``scripts/cuda_e2e.py`` measures what the rule buys on a GPU).
@@ -84,10 +84,11 @@ def test_the_variant_probes_each_dimension_at_its_bottom_and_compiles_it_at_its_
     before = _hints_now(program)
     assert before == {"x": 2, "y": 4, "z": 3}
     seen = _compile(monkeypatch, tmp_path, program, "shim-v1")
-    # The probe: every dimension at its bottom, never below 2 (batch's example already is 2).
-    # The compile: batch at its top, 8; n at eight times its example (32), not its top
-    # (100); free is unbounded and keeps its example.
-    assert seen == [{"x": 2, "y": 2, "z": 2}, {"x": 8, "y": 32, "z": 3}]
+    # The bottom's probe: every dimension at its bottom, never below 2 (batch's example
+    # already is 2). The top's probe and the compile: batch at its top, 8; n at eight times
+    # its example (32), not its top (100); free is unbounded and keeps its example.
+    top = {"x": 8, "y": 32, "z": 3}
+    assert seen == [{"x": 2, "y": 2, "z": 2}, top, top]
     # The program's own shape environment is as it was: only the compile saw the hints.
     assert _hints_now(program) == before
 

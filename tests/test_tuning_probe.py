@@ -1,6 +1,6 @@
-"""The probe of the tuning rule ``"range-ends/8x"`` (``_tuning``): the candidates each
-autotuning call may choose from at the top of a range are those within 10% of the fastest
-at its bottom.
+"""The probes of the tuning rule ``"range-ends/8x"`` (``_tuning``): each autotuning call of
+the compile is offered the candidate whose worse slowdown over the range's two ends, as
+the probes timed them there, is least.
 
 Without compiling: the table and the narrowing on candidates shaped as inductor's are (a
 name with a serial, a description, the input nodes and the output layout), the probe's
@@ -8,8 +8,8 @@ hooks on inductor's algorithm selector and scheduler (installed, and removed aft
 stop found through inductor's wrapping, and a shape environment the probe changed put
 back. With one real CPU compile (``real_aoti``): a two-GEMM graph with a dynamic batch,
 compiled under a policy that autotunes its GEMMs between an aten extern and a C++
-template, probes both calls, narrows both, and its package computes what eager does at
-both ends of the range and between.
+template, probes both calls at both ends, narrows both, and its package computes what
+eager does at both ends of the range and between.
 """
 
 from __future__ import annotations
@@ -63,32 +63,44 @@ def _call(serial: int, out: Layout = OUT) -> list[Choice]:
     ]
 
 
-def test_the_compile_keeps_the_candidates_within_ten_percent_of_the_fastest_at_the_bottom() -> None:
+def _timed(call: list[Choice], times: tuple[float, ...]) -> _tuning.ChoiceTable:
     table = _tuning.ChoiceTable()
-    # The probe's call: 16 and 32 are within 10% of the fastest (32), 64 and 128 are not.
-    probed = _call(0)
-    table.record(dict(zip(probed, (1.05, 1.0, 1.2, 2.0), strict=True)))
+    table.record(dict(zip(call, times, strict=True)))
+    return table
+
+
+def test_the_compile_is_offered_the_candidate_least_slow_at_its_worse_end() -> None:
+    # BLOCK_M 16, 32, 64, 128. At the bottom small tiles win, at the top large ones:
+    # slowdowns (bottom, top) 1.0/2.0, 1.05/1.3, 1.2/1.1, 2.0/1.0: 64 is least slow at
+    # its worse end (1.2), where the fastest at either end is 2x slow at the other.
+    bottom = _timed(_call(0), (1.0, 1.05, 1.2, 2.0))
+    top = _timed(_call(4), (4.0, 2.6, 2.2, 2.0))
     tally = _tuning.Narrowing()
     # The compile's call: the same computation, other serials.
-    compiled = _call(40)
-    kept = _tuning.narrow(table, compiled, tally)
-    assert [c.name for c in kept] == ["triton_mm_40", "triton_mm_41"]
-    assert (tally.narrowed, tally.whole, tally.kept, tally.offered) == (1, 0, 2, 4)
+    kept = _tuning.narrow([bottom, top], _call(40), tally)
+    assert [c.name for c in kept] == ["triton_mm_42"]
+    assert (tally.narrowed, tally.whole, tally.kept, tally.offered) == (1, 0, 1, 4)
+    assert tally.worst == pytest.approx(1.2)
+    # Timed at one end only: the fastest there; equal slowdowns are all kept.
+    assert [c.name for c in _tuning.narrow([top], _call(50))] == ["triton_mm_53"]
+    assert len(_tuning.narrow([_timed(_call(0), (1.0, 1.0, 3.0, 3.0))], _call(60))) == 2
 
 
-def test_a_call_the_probe_did_not_time_or_none_of_whose_candidates_fit_keeps_them_all() -> None:
-    table = _tuning.ChoiceTable()
-    table.record(dict(zip(_call(0), (1.0, 1.0, 1.0, 1.0), strict=True)))
+def test_a_call_the_probes_did_not_time_or_whose_ends_share_no_candidate_keeps_them_all() -> None:
+    table = _timed(_call(0), (1.0, 1.0, 1.0, 1.0))
     tally = _tuning.Narrowing()
     # Another output layout: another call, untimed.
     other = _call(10, OTHER_OUT)
-    assert _tuning.narrow(table, other, tally) == other
-    # Candidates the probe never saw (another template): none fit, all kept.
+    assert _tuning.narrow([table], other, tally) == other
+    # Candidates the probes never saw (another template): none chosen is offered.
     unseen = [dataclasses.replace(c, name=f"triton_persistent_mm_{i}") for i, c in enumerate(_call(20))]
-    assert _tuning.narrow(table, unseen, tally) == unseen
+    assert _tuning.narrow([table], unseen, tally) == unseen
+    # The two ends timed disjoint candidates (inductor scales its tiles to the size).
+    disjoint = _timed(unseen, (1.0, 1.0, 1.0, 1.0))
+    assert _tuning.least_regret([table, disjoint], _tuning.call_key(unseen)) is None
     assert (tally.narrowed, tally.whole) == (0, 2)
     # A lone candidate is never counted (autotuning has nothing to choose).
-    assert _tuning.narrow(table, other[:1], tally) == other[:1] and tally.offered == 8
+    assert _tuning.narrow([table], other[:1], tally) == other[:1] and tally.offered == 8
 
 
 def test_failed_candidates_are_not_recorded_and_the_fastest_time_of_a_configuration_is_kept() -> None:
@@ -98,11 +110,8 @@ def test_failed_candidates_are_not_recorded_and_the_fastest_time_of_a_configurat
     table.record(dict(zip(second, (2.0, 1.5, 1.05, 9.0), strict=True)))
     (row,) = table.timings.values()
     assert sorted(row.values()) == [1.0, 1.05, 2.0, 9.0]
-    assert table.fit(_tuning.call_key(first)) == {
-        _tuning.choice_config(first[1]),
-        _tuning.choice_config(first[2]),
-    }
-    assert table.fit("no such call") is None
+    assert _tuning.least_regret([table], _tuning.call_key(first)) == ({_tuning.choice_config(first[1])}, 1.0)
+    assert _tuning.least_regret([table], "no such call") is None
     table.record({})
     assert len(table.timings) == 1
 
@@ -131,7 +140,7 @@ def test_the_probe_hooks_inductor_and_removes_its_hooks_after(monkeypatch: pytes
         assert built == [graph]
     assert GraphLowering._update_scheduler is build_scheduler
     assert selector.feedback_saver_fns == savers
-    with _tuning.narrowed(table) as tally:
+    with _tuning.narrowed([table]) as tally:
         assert len(selector.preprocessing_fns) == len(preprocessors) + 1
         assert len(selector.preprocessing_fns[-1](_call(9))) == 1 and tally.narrowed == 1
     assert selector.preprocessing_fns == preprocessors
@@ -218,19 +227,19 @@ def test_a_real_compile_probes_both_gemms_narrows_both_and_serves_the_whole_rang
     seen: list[list[Any]] = []
     narrow = _tuning.narrow
 
-    def spy(table: _tuning.ChoiceTable, choices: list[Any], tally: Any = None) -> list[Any]:
-        kept = narrow(table, choices, tally)
-        seen.append([len(table.timings), len(choices), len(kept)])
+    def spy(tables: list[_tuning.ChoiceTable], choices: list[Any], tally: Any = None) -> list[Any]:
+        kept = narrow(tables, choices, tally)
+        seen.append([[len(t.timings) for t in tables], len(choices), len(kept)])
         return kept
 
     monkeypatch.setattr(_tuning, "narrow", spy)
     caplog.set_level(logging.DEBUG, logger="torch_compiled_graphs")
     runtime = RuntimeCompatibility("cpu", toolchain=record_toolchain())
     package = tcg_compile.compile_package(program, "two_gemms", runtime, tmp_path / "work")
-    # The probe timed both GEMMs (at the example, 2: the bottom floored at 2), and the
-    # compile offered each only the fit one of its two candidates.
-    assert seen == [[2, 2, 1], [2, 2, 1]]
-    assert "probe timed 2 autotuning calls" in caplog.text
+    # Each probe timed both GEMMs (the bottom at the example, 2, as the bottom is floored
+    # at 2; the top at 8), and the compile offered each GEMM one of its two candidates.
+    assert seen == [[[2, 2], 2, 1], [[2, 2], 2, 1]]
+    assert caplog.text.count("probe timed 2 autotuning calls") == 2
     assert "compile narrowed 2 autotuning calls" in caplog.text
     from torch_compiled_graphs._loadpath import torch_package_loader
 

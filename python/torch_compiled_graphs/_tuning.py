@@ -4,25 +4,26 @@ AOTInductor compiles one kernel per GEMM (and flex-attention) template for every
 dynamic dimension takes, and autotuning picks it by timing the candidates at one size,
 the dimension's hint. A tile timed at the top of the range can be slow at its bottom
 (few thread blocks) and the other way round. So the compile of a variant under this rule
-runs in two passes over the same program:
+lowers the same program three times:
 
-1. the *probe*: lowered with every dynamic dimension at the bottom of its range; each
-   autotuning call's timings are recorded (:class:`ChoiceTable`), and the compile stops
-   once the scheduler has settled its templates, before any kernel or C++ is built;
-2. the *compile*: at the top of each range, where autotuning only sees the candidates
-   that were within :data:`SLACK` of the fastest at the bottom, and picks the fastest of
-   those at the top.
+1. two *probes*, one with every dynamic dimension at the bottom of its range and one at
+   its top; each records every autotuning call's timings (:class:`ChoiceTable`) and
+   stops once the scheduler has settled its templates, before any kernel or C++ is
+   built;
+2. the *compile*, at the top, where each autotuning call is offered only the candidate
+   whose worse slowdown over the two ends is least (:func:`least_regret`: a slowdown is
+   its time over the fastest candidate's at that end).
 
-A call of the compile is matched to the probe's by what it computes (its inputs' and
+A call of the compile is matched to the probes' by what it computes (its inputs' and
 output's dtypes, sizes and strides as expressions of the graph's symbols, which are the
-same in both passes) and a candidate by its template and configuration (tile sizes,
-stages, warps). A call the probe did not time, or whose timed
-candidates none survive, keeps all of its candidates: the rule never leaves a call
-without a choice, it only narrows one.
+same in every pass) and a candidate by its template and configuration (tile sizes,
+stages, warps). A call the probes did not time, or with no candidate timed at both ends,
+keeps all of its candidates: the rule never leaves a call without a choice, it only
+narrows one.
 
 The hooks are inductor's own: a feedback saver and a preprocessing function of the
 algorithm selector, and the scheduler's construction (``GraphLowering._update_scheduler``)
-as the probe's end. Where a torch lacks the last, the probe runs to the end.
+as the probe's end. Where a torch lacks the last, a probe runs to the end.
 
 torch is imported lazily, inside functions.
 """
@@ -34,14 +35,11 @@ import copy
 import logging
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 LOGGER = logging.getLogger("torch_compiled_graphs")
-
-#: A candidate survives the probe when its time at the bottom is at most this times the fastest's.
-SLACK = 1.10
 
 _TRAILING_INDEX = re.compile(r"_?\d+$")
 
@@ -96,35 +94,48 @@ class ChoiceTable:
                 config = choice_config(choice)
                 row[config] = min(float(time), row.get(config, math.inf))
 
-    def fit(self, key: str) -> set[str] | None:
-        """The configurations within :data:`SLACK` of the fastest for ``key``; ``None`` if untimed."""
-        row = self.timings.get(key)
-        if not row:
-            return None
-        best = min(row.values())
-        return {config for config, time in row.items() if time <= best * SLACK}
+
+def least_regret(tables: Sequence[ChoiceTable], key: str) -> tuple[set[str], float] | None:
+    """The configurations of call ``key`` whose worst slowdown over the ends' tables is
+    least (a slowdown being a time over the fastest time at that end), with that
+    slowdown; ``None`` where no table timed the call or no configuration was timed at
+    every end that timed it."""
+    rows = [table.timings[key] for table in tables if table.timings.get(key)]
+    if not rows:
+        return None
+    common = set.intersection(*(set(row) for row in rows))
+    if not common:
+        return None
+    bests = [min(row.values()) for row in rows]
+    regret = {config: max(row[config] / best for row, best in zip(rows, bests, strict=True)) for config in common}
+    least = min(regret.values())
+    return {config for config, value in regret.items() if value <= least}, least
 
 
 @dataclass
 class Narrowing:
-    """What the compile's narrowing did: calls narrowed, and calls left whole (untimed or none fit)."""
+    """What the compile's narrowing did: calls narrowed, calls left whole (untimed, or no
+    candidate timed at every end), and the worst slowdown at an end of a chosen one."""
 
     narrowed: int = 0
     whole: int = 0
     kept: int = 0
     offered: int = 0
+    worst: float = 1.0
 
 
-def narrow(table: ChoiceTable, choices: list[Any], tally: Narrowing | None = None) -> list[Any]:
-    """The candidates of one autotuning call less those the probe found slow at the
-    bottom; all of them where the probe did not time the call or none of them fit."""
-    fit = table.fit(call_key(choices))
-    kept = [c for c in choices if choice_config(c) in fit] if fit is not None else []
+def narrow(tables: Sequence[ChoiceTable], choices: list[Any], tally: Narrowing | None = None) -> list[Any]:
+    """The candidates of one autotuning call that the probes found least slow at their
+    worst end (:func:`least_regret`); all of them where the probes did not time the call,
+    or none of those chosen is offered."""
+    chosen = least_regret(tables, call_key(choices))
+    kept = [c for c in choices if choice_config(c) in chosen[0]] if chosen is not None else []
     if tally is not None and len(choices) > 1:
         tally.offered += len(choices)
         tally.kept += len(kept or choices)
-        if kept:
+        if kept and chosen is not None:
             tally.narrowed += 1
+            tally.worst = max(tally.worst, chosen[1])
         else:
             tally.whole += 1
     return kept or choices
@@ -216,12 +227,12 @@ def is_probe_done(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def narrowed(table: ChoiceTable) -> Iterator[Narrowing]:
+def narrowed(tables: Sequence[ChoiceTable]) -> Iterator[Narrowing]:
     """Autotuning inside it sees only the candidates :func:`narrow` keeps."""
     tally = Narrowing()
 
     def preprocess(choices: list[Any]) -> list[Any]:
-        return narrow(table, list(choices), tally)
+        return narrow(tables, list(choices), tally)
 
     selector = _selector()
     selector.preprocessing_fns.append(preprocess)

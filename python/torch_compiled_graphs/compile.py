@@ -68,9 +68,9 @@ class CompilePolicy:
     #: (what autotuning times its candidates at): ``None``, the export's example;
     #: ``"range-top/8x"``, the top of the dimension's declared range, at most eight times
     #: the example's size (the example's where the range is unbounded); or
-    #: ``"range-ends/8x"``, that top, choosing only among the candidates within 10% of the
-    #: fastest at the range's bottom (at least 2; a probe compile times them there, see
-    #: ``_tuning``); in the declaration.
+    #: ``"range-ends/8x"``, that top, each template's candidate chosen for the least worst
+    #: slowdown over the range's bottom (at least 2) and that top (probe compiles time
+    #: them at both, see ``_tuning``); in the declaration.
     tuning: str | None = None
 
     def inductor_options(self, device: str = "cpu") -> dict[str, object]:
@@ -358,9 +358,10 @@ def tuning_hints(program: ExportedProgram, env: Any, rule: str | None) -> dict[A
 
 
 def probe_hints(program: ExportedProgram, env: Any, rule: str | None) -> dict[Any, int] | None:
-    """The size hints of the probe compile ``rule`` times candidates at before the compile
-    (``"range-ends/8x"``): each dynamic dimension at the bottom of its declared range, but
-    at least 2 and at most the example's size (``symbol -> size`` for those it moves).
+    """The size hints of the bottom's probe compile, which ``rule`` times candidates at
+    before the compile (``"range-ends/8x"``; the top's probe takes :func:`tuning_hints`):
+    each dynamic dimension at the bottom of its declared range, but at least 2 and at
+    most the example's size (``symbol -> size`` for those it moves).
     ``None`` where there is no probe: another rule, or no dimension whose bottom differs
     from the size the compile takes (:func:`tuning_hints`)."""
     _known_rule(rule)
@@ -508,18 +509,21 @@ def compile_package(
             try:
                 narrowing: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
                 if probed is not None:
-                    with _tuning.kept_env(env):
-                        table = _probe(compile_at, prepared()[0], probed)
-                    narrowing = _tuning.narrowed(table)
+                    tables = []
+                    for hints in (probed, moved):  # the bottom, then the top
+                        with _tuning.kept_env(env):
+                            tables.append(_probe(compile_at, prepared()[0], hints))
+                    narrowing = _tuning.narrowed(tables)
                 with narrowing as tally:
                     files = compile_at(module, moved)
                 if tally is not None:
                     LOGGER.debug(
-                        "compile narrowed %d autotuning calls to the probe's fit candidates "
-                        "(%d of %d candidates kept); %d calls kept all",
+                        "compile narrowed %d autotuning calls to the probes' least-regret candidates "
+                        "(%d of %d candidates kept; worst slowdown at a range end %.3fx); %d calls kept all",
                         tally.narrowed,
                         tally.kept,
                         tally.offered,
+                        tally.worst,
                         tally.whole,
                     )
                 break
