@@ -6,10 +6,10 @@ Without compiling: the table and the narrowing on candidates shaped as inductor'
 name with a serial, a description, the input nodes and the output layout), the probe's
 hooks on inductor's algorithm selector and scheduler (installed, and removed after), its
 stop found through inductor's wrapping, and a shape environment the probe changed put
-back. With one real CPU compile (``real_aoti``): a two-GEMM graph with a dynamic batch,
-compiled under a policy that autotunes its GEMMs between an aten extern and a C++
-template, probes both calls at both ends, narrows both, and its package computes what
-eager does at both ends of the range and between.
+back. With one real CPU compile (``real_aoti``): a GEMM graph with a dynamic batch, compiled
+under a policy that autotunes its GEMM between an aten extern and a C++ template, probes
+the call at both ends, narrows it, and its package computes what eager does at both ends
+of the range and between.
 """
 
 from __future__ import annotations
@@ -193,22 +193,21 @@ def test_a_shape_environment_the_probe_changed_is_put_back() -> None:
 # --------------------------------------------------------------------------- a real compile
 
 
-class TwoGemms(torch.nn.Module):
+class Gemm(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.up = torch.nn.Linear(64, 256)
-        self.down = torch.nn.Linear(256, 64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(torch.relu(self.up(x)))
+        return torch.relu(self.up(x))
 
 
 @pytest.mark.real_aoti
-def test_a_real_compile_probes_both_gemms_narrows_both_and_serves_the_whole_range(
+def test_a_real_compile_probes_its_gemm_at_both_ends_narrows_it_and_serves_the_whole_range(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     torch.manual_seed(0)
-    model = TwoGemms().eval()
+    model = Gemm().eval()
     program = torch.export.export(
         model, (torch.randn(2, 16, 64),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)
     )
@@ -235,15 +234,15 @@ def test_a_real_compile_probes_both_gemms_narrows_both_and_serves_the_whole_rang
     monkeypatch.setattr(_tuning, "narrow", spy)
     caplog.set_level(logging.DEBUG, logger="torch_compiled_graphs")
     runtime = RuntimeCompatibility("cpu", toolchain=record_toolchain())
-    package = tcg_compile.compile_package(program, "two_gemms", runtime, tmp_path / "work")
-    # Each probe timed both GEMMs (the bottom at the example, 2, as the bottom is floored
-    # at 2; the top at 8), and the compile offered each GEMM one of its two candidates.
-    assert seen == [[[2, 2], 2, 1], [[2, 2], 2, 1]]
-    assert caplog.text.count("probe timed 2 autotuning calls") == 2
-    assert "compile narrowed 2 autotuning calls" in caplog.text
+    package = tcg_compile.compile_package(program, "gemm", runtime, tmp_path / "work")
+    # Each probe timed the GEMM (the bottom at the example, 2, as the bottom is floored at
+    # 2; the top at 8), and the compile offered it one of its two candidates.
+    assert seen == [[[1, 1], 2, 1]]
+    assert caplog.text.count("probe timed 1 autotuning calls") == 2
+    assert "compile narrowed 1 autotuning calls" in caplog.text
     from torch_compiled_graphs._loadpath import torch_package_loader
 
-    loader = torch_package_loader(torch, str(package), "two_gemms", False, -1)
+    loader = torch_package_loader(torch, str(package), "gemm", False, -1)
     for batch in (1, 3, 8):
         x = torch.randn(batch, 16, 64)
         (y,) = loader.boxed_run([x])
