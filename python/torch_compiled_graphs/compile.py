@@ -122,7 +122,8 @@ class CompilePolicy:
 
 #: The tuning rule of :attr:`CompilePolicy.tuning` that takes the top of each declared range.
 TUNING_RANGE_TOP = "range-top/8x"
-#: The tuning rule that takes the top of each declared range among the candidates fit for its bottom.
+#: The tuning rule that compiles at the top of each declared range with, per template, the
+#: candidate least slow at the worse of the range's two ends (``_tuning``).
 TUNING_RANGE_ENDS = "range-ends/8x"
 _TUNING_RULES = (TUNING_RANGE_TOP, TUNING_RANGE_ENDS)
 #: How far above the example's size the tuning rules go.
