@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,19 @@ def test_the_probe_hooks_inductor_and_removes_its_hooks_after(monkeypatch: pytes
         with pytest.raises(_tuning.ProbeDone):
             GraphLowering._update_scheduler(graph)  # type: ignore[arg-type]
         assert built == [graph]
+        # Another thread's compile builds its scheduler and goes on.
+        raised: list[BaseException] = []
+
+        def elsewhere() -> None:
+            try:
+                GraphLowering._update_scheduler(graph)  # type: ignore[arg-type]
+            except BaseException as exc:  # recorded for the assertion
+                raised.append(exc)
+
+        other = threading.Thread(target=elsewhere)
+        other.start()
+        other.join()
+        assert built == [graph, graph] and raised == []
     assert GraphLowering._update_scheduler is build_scheduler
     assert selector.feedback_saver_fns == savers
     with _tuning.narrowed([table]) as tally:

@@ -23,7 +23,11 @@ narrows one.
 
 The hooks are inductor's own: a feedback saver and a preprocessing function of the
 algorithm selector, and the scheduler's construction (``GraphLowering._update_scheduler``)
-as the probe's end. Where a torch lacks the last, a probe runs to the end.
+as the probe's end. Where a torch lacks the last, a probe runs to the end. The hooks are
+the process's while they are in place: a probe stops only its own thread's compile, and a
+compile of another graph in another thread at the same time (inductor's options are
+process-wide already) would be narrowed only in a call that computes exactly what one of
+the probes' calls did.
 
 torch is imported lazily, inside functions.
 """
@@ -35,6 +39,7 @@ import copy
 import logging
 import math
 import re
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,10 +169,14 @@ def probe() -> Iterator[ChoiceTable]:
     selector.feedback_saver_fns.append(saver)
     original = getattr(GraphLowering, "_update_scheduler", None)
 
+    owner = threading.get_ident()
+
     def update_scheduler(self: Any) -> None:
         assert original is not None
         original(self)
-        raise ProbeDone("the probe's templates are settled")
+        # Only the probe's own compile stops: another thread's compile goes on.
+        if threading.get_ident() == owner:
+            raise ProbeDone("the probe's templates are settled")
 
     if original is not None:
         GraphLowering._update_scheduler = update_scheduler  # type: ignore[method-assign]
