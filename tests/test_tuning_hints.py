@@ -126,20 +126,25 @@ def test_tuning_hints_by_rule() -> None:
         assert err.value.code == "compile.program_invalid"
 
 
-def test_a_dimension_at_the_top_of_its_range_and_a_static_one_keep_their_size() -> None:
-    class One(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x * 2
+class Double(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
 
-    program = torch.export.export(
-        One(), (torch.randn(8, 3),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)
-    )
+
+def _batch_program(example: int, top: int) -> Any:
+    """Double exported at batch ``example`` with ``Dim("batch", 1, top)``."""
+    dims = ({0: torch.export.Dim("batch", min=1, max=top)},)
+    return torch.export.export(Double(), (torch.randn(example, 3),), dynamic_shapes=dims)
+
+
+def test_a_dimension_at_the_top_of_its_range_and_a_static_one_keep_their_size() -> None:
+    program = _batch_program(8, 8)
     _, env = tcg_compile._compile_context(program)
     assert tcg_compile.tuning_hints(program, env, TUNING_RANGE_TOP) == {}
     # Its bottom is not its top: the probe takes it at 2.
     (symbol,) = program.range_constraints
     assert tcg_compile.probe_hints(program, env, TUNING_RANGE_ENDS) == {symbol: 2}
-    static = torch.export.export(One(), (torch.randn(2, 3),))
+    static = torch.export.export(Double(), (torch.randn(2, 3),))
     assert static.range_constraints == {}
     # A static program has no shape environment to move; the rules have nothing to do.
     assert tcg_compile.tuning_hints(static, None, TUNING_RANGE_TOP) == {}
@@ -147,14 +152,8 @@ def test_a_dimension_at_the_top_of_its_range_and_a_static_one_keep_their_size() 
 
 
 def test_a_range_whose_ends_meet_the_example_has_no_probe() -> None:
-    class One(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x * 2
-
     # Bottom floored at 2 and top at the example: one size to tune at, no probe.
-    program = torch.export.export(
-        One(), (torch.randn(2, 3),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=2)},)
-    )
+    program = _batch_program(2, 2)
     _, env = tcg_compile._compile_context(program)
     assert tcg_compile.tuning_hints(program, env, TUNING_RANGE_ENDS) == {}
     assert tcg_compile.probe_hints(program, env, TUNING_RANGE_ENDS) is None

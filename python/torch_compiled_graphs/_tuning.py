@@ -133,14 +133,14 @@ def narrow(tables: Sequence[ChoiceTable], choices: list[Any], tally: Narrowing |
     """The candidates of one autotuning call that the probes found least slow at their
     worst end (:func:`least_regret`); all of them where the probes did not time the call,
     or none of those chosen is offered."""
-    chosen = least_regret(tables, call_key(choices))
-    kept = [c for c in choices if choice_config(c) in chosen[0]] if chosen is not None else []
+    configs, regret = least_regret(tables, call_key(choices)) or (set(), 1.0)
+    kept = [c for c in choices if choice_config(c) in configs]
     if tally is not None and len(choices) > 1:
         tally.offered += len(choices)
         tally.kept += len(kept or choices)
-        if kept and chosen is not None:
+        if kept:
             tally.narrowed += 1
-            tally.worst = max(tally.worst, chosen[1])
+            tally.worst = max(tally.worst, regret)
         else:
             tally.whole += 1
     return kept or choices
